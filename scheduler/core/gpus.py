@@ -1,0 +1,87 @@
+"""The GPU catalog as plain data: one entry per model, with its MIG geometry where it has one.
+
+The data migration of `scheduler` seeds the GpuModel table from this list, the simulated agent builds its
+fake GPUs from it, and the simulator builds pools from it. Figures are NVIDIA's published datasheet values
+(dense tensor throughput, no sparsity; SXM variants where both exist).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import mig
+
+
+@dataclass(frozen=True)
+class GpuModelSpec:
+    key: str  # stable slug used on the command line and in the API: "h100-80gb"
+    name: str
+    memory_gb: float
+    fp64_tflops: float
+    fp32_tflops: float
+    bf16_tensor_tflops: float  # dense; 0 where the GPU has no BF16 tensor cores (Volta, Turing)
+    fp16_tensor_tflops: float  # dense; what PU falls back to without BF16
+    memory_bandwidth_gbs: float
+    compute_capability: str  # "9.0"
+    tdp_w: int
+    mig: mig.MigGeometry | None = None
+
+    @property
+    def mig_capable(self) -> bool:
+        return self.mig is not None
+
+    @property
+    def tensor_tflops(self) -> float:
+        return self.bf16_tensor_tflops or self.fp16_tensor_tflops
+
+
+GPU_MODELS: dict[str, GpuModelSpec] = {
+    s.key: s
+    for s in (
+        GpuModelSpec("a100-40gb", "A100-40GB", 40, 9.7, 19.5, 312, 312, 1555, "8.0", 400, mig.A100_40GB),
+        GpuModelSpec("a100-80gb", "A100-80GB", 80, 9.7, 19.5, 312, 312, 2039, "8.0", 400, mig.A100_80GB),
+        GpuModelSpec("h100-80gb", "H100-80GB", 80, 34, 67, 989, 989, 3350, "9.0", 700, mig.H100_80GB),
+        GpuModelSpec("h100-nvl-94gb", "H100-NVL-94GB", 94, 30, 60, 835, 835, 3938, "9.0", 400,
+                     mig.H100_NVL_94GB),
+        GpuModelSpec("h200-141gb", "H200-141GB", 141, 34, 67, 989, 989, 4800, "9.0", 700, mig.H200_141GB),
+        GpuModelSpec("a30-24gb", "A30-24GB", 24, 5.2, 10.3, 165, 165, 933, "8.0", 165, mig.A30_24GB),
+        GpuModelSpec("l40s", "L40S", 48, 1.43, 91.6, 362, 362, 864, "8.9", 350),
+        GpuModelSpec("l4", "L4", 24, 0.49, 30.3, 121, 121, 300, "8.9", 72),
+        GpuModelSpec("a10", "A10", 24, 0.98, 31.2, 125, 125, 600, "8.6", 150),
+        GpuModelSpec("rtx-4090", "RTX-4090", 24, 1.29, 82.6, 165, 165, 1008, "8.9", 450),
+        GpuModelSpec("v100", "V100", 32, 7.8, 15.7, 0, 125, 900, "7.0", 300),
+        GpuModelSpec("t4", "T4", 16, 0.25, 8.1, 0, 65, 320, "7.5", 70),
+    )
+}
+
+# Names NVML reports (nvmlDeviceGetName) mapped to catalog keys; matched by substring, longest first.
+NVML_NAME_HINTS: tuple[tuple[str, str], ...] = (
+    ("H100 NVL", "h100-nvl-94gb"),
+    ("H200", "h200-141gb"),
+    ("H100", "h100-80gb"),
+    ("A100-SXM4-40GB", "a100-40gb"),
+    ("A100-PCIE-40GB", "a100-40gb"),
+    ("A100 40GB", "a100-40gb"),
+    ("A100", "a100-80gb"),
+    ("A30", "a30-24gb"),
+    ("L40S", "l40s"),
+    ("L4", "l4"),
+    ("A10", "a10"),
+    ("4090", "rtx-4090"),
+    ("V100", "v100"),
+    ("T4", "t4"),
+)
+
+
+def model_for(key: str) -> GpuModelSpec:
+    try:
+        return GPU_MODELS[key.lower()]
+    except KeyError:
+        raise KeyError(f"unknown GPU model {key!r}; known: {', '.join(GPU_MODELS)}") from None
+
+
+def key_for_nvml_name(name: str) -> str | None:
+    """Catalog key for a name as NVML reports it ("NVIDIA H100 80GB HBM3"), or None if unknown."""
+    for hint, key in NVML_NAME_HINTS:
+        if hint.lower() in name.lower():
+            return key
+    return None
