@@ -1,0 +1,213 @@
+"""A simulated GPU server: the catalog's models, NVIDIA's MIG rules, and believable metrics, in memory.
+
+Used by the demo (several agents on one laptop) and by tests. The MIG rules are not re-implemented here:
+`scheduler.core.mig` (the same geometry the scheduler plans with) decides what may be created where, so
+the simulated driver refuses exactly what the scheduler would never ask for.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import socket
+import threading
+import uuid as uuidlib
+from dataclasses import dataclass, field
+
+from scheduler.core import gpus as catalog
+from scheduler.core import mig
+
+from .. import protocol
+from ..errors import BackendError, not_found, not_supported
+from .base import Backend
+from .sim_metrics import GpuMetricState
+
+SIM_DRIVER_VERSION = "550.54.15"
+SIM_CUDA_VERSION = "12.4"
+FAULTS = ("overheat", "ecc", "xid", "clear")
+
+
+class SimulateSpecError(ValueError):
+    """A --simulate value that does not parse; the message says what is wrong."""
+
+
+def parse_simulate_spec(text: str) -> list[tuple[str, int]]:
+    """"h100-80gb:8,l4:2" -> [("h100-80gb", 8), ("l4", 2)]; strict: unknown model or bad count raises."""
+    if not text or not text.strip():
+        raise SimulateSpecError("empty --simulate value; expected MODEL:COUNT[,MODEL:COUNT...]")
+    result: list[tuple[str, int]] = []
+    for item in text.split(","):
+        item = item.strip()
+        key, sep, count_text = item.partition(":")
+        key = key.strip().lower()
+        if not key:
+            raise SimulateSpecError(f"missing model in {item!r}; expected MODEL:COUNT")
+        if key not in catalog.GPU_MODELS:
+            raise SimulateSpecError(f"unknown GPU model {key!r}; known: {', '.join(catalog.GPU_MODELS)}")
+        if any(k == key for k, _ in result):
+            raise SimulateSpecError(f"model {key!r} given twice; give each model once with its count")
+        count_text = count_text.strip()
+        if not sep or not count_text.isdigit() or not 1 <= int(count_text) <= protocol.MAX_GPUS_PER_NODE:
+            raise SimulateSpecError(f"bad count in {item!r}: expected {key}:N with N a whole number "
+                                    f"from 1 to {protocol.MAX_GPUS_PER_NODE}")
+        result.append((key, int(count_text)))
+    total = sum(n for _, n in result)
+    if total > protocol.MAX_GPUS_PER_NODE:
+        raise SimulateSpecError(f"{total} GPUs is more than a node may have ({protocol.MAX_GPUS_PER_NODE})")
+    return result
+
+
+@dataclass
+class SimInstance:
+    uuid: str
+    profile: str
+    start: int
+    busy: float = 0.0
+
+
+@dataclass
+class SimGpu:
+    uuid: str
+    index: int
+    spec: catalog.GpuModelSpec
+    metrics: GpuMetricState
+    instances: list[SimInstance] = field(default_factory=list)
+    busy: float = 0.0  # whole-GPU load, for GPUs without MIG
+
+    @property
+    def geometry(self) -> mig.MigGeometry | None:
+        return self.spec.mig
+
+    def load(self) -> tuple[float, float]:
+        """(compute share busy, memory share busy): each busy instance counts by its slice share."""
+        geo = self.geometry
+        if geo is None:
+            return self.busy, self.busy
+        compute = memory = 0.0
+        for inst in self.instances:
+            p = geo.profile(inst.profile)
+            compute += inst.busy * p.compute_slices / geo.compute_slices
+            memory += inst.busy * p.memory_slices / geo.memory_slices
+        return compute, memory
+
+
+def _stable_uuid(*parts: object) -> str:
+    """A UUID that is the same every time the same node starts: the server recognises its GPUs."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()[:16]
+    return str(uuidlib.UUID(bytes=digest, version=4))
+
+
+class SimulatedBackend(Backend):
+    name = "simulated"
+
+    def __init__(self, spec: str | list[tuple[str, int]], *, hostname: str | None = None,
+                 seed: int | None = None):
+        models = parse_simulate_spec(spec) if isinstance(spec, str) else list(spec)
+        self.hostname = hostname or socket.gethostname()
+        self._rng = random.Random(f"{self.hostname}:{seed}" if seed is not None else None)
+        self._lock = threading.Lock()
+        self._gpus: list[SimGpu] = []
+        for key, count in models:
+            model = catalog.model_for(key)
+            for _ in range(count):
+                index = len(self._gpus)
+                state = GpuMetricState(mem_total_mib=model.memory_gb * 1024, tdp_w=model.tdp_w,
+                                       rng=random.Random(self._rng.getrandbits(64)))
+                self._gpus.append(SimGpu(uuid="GPU-" + _stable_uuid(self.hostname, seed, index, key),
+                                         index=index, spec=model, metrics=state))
+
+    # --- lookups -------------------------------------------------------------------------------------
+
+    def _gpu(self, gpu_uuid: str) -> SimGpu:
+        for gpu in self._gpus:
+            if gpu.uuid == gpu_uuid:
+                return gpu
+        raise not_found(f"no GPU {gpu_uuid} on {self.hostname}")
+
+    @staticmethod
+    def _instance(gpu: SimGpu, instance_uuid: str) -> SimInstance:
+        for inst in gpu.instances:
+            if inst.uuid == instance_uuid:
+                return inst
+        raise not_found(f"no MIG instance {instance_uuid} on GPU {gpu.uuid}")
+
+    # --- Backend -------------------------------------------------------------------------------------
+
+    def inventory(self) -> dict:
+        with self._lock:
+            gpus = [self._gpu_facts(g) for g in self._gpus]
+        return {"hostname": self.hostname, "driver_version": SIM_DRIVER_VERSION,
+                "cuda_version": SIM_CUDA_VERSION, "backend": self.name, "gpus": gpus}
+
+    def _gpu_facts(self, gpu: SimGpu) -> dict:
+        geo = gpu.geometry
+        return {
+            "uuid": gpu.uuid,
+            "index": gpu.index,
+            "name": f"NVIDIA {gpu.spec.name}",
+            "model": gpu.spec.key,
+            "memory_mib": int(gpu.spec.memory_gb * 1024),
+            "mig_enabled": geo is not None,
+            "mig": geo.to_dict() if geo else None,
+            "instances": [{"uuid": i.uuid, "profile": i.profile, "start": i.start,
+                           "size": geo.profile(i.profile).memory_slices} for i in gpu.instances] if geo else [],
+        }
+
+    def create_instance(self, gpu_uuid: str, profile: str, start: int) -> dict:
+        with self._lock:
+            gpu = self._gpu(gpu_uuid)
+            geo = gpu.geometry
+            if geo is None:
+                raise not_supported(f"GPU {gpu_uuid} ({gpu.spec.name}) has no MIG; it is leased whole")
+            # Same split as the driver: a profile/start the GPU never allows is an invalid argument,
+            # a legal placement that collides with what exists is a lack of resources.
+            if not geo.has_profile(profile):
+                raise BackendError(protocol.E_PLACEMENT, f"unknown MIG profile {profile!r} on {gpu.spec.name}")
+            if start not in geo.profile(profile).starts:
+                raise BackendError(protocol.E_PLACEMENT, mig.why_not(geo, [], profile, start) or "bad start")
+            existing = [mig.Instance(i.profile, i.start) for i in gpu.instances]
+            reason = mig.why_not(geo, existing, profile, start)
+            if reason:
+                raise BackendError(protocol.E_INSUFFICIENT, reason)
+            inst = SimInstance(uuid="MIG-" + str(uuidlib.uuid4()), profile=profile, start=start)
+            gpu.instances.append(inst)
+        return {"instance_uuid": inst.uuid, "gpu_uuid": gpu_uuid, "profile": profile, "start": start,
+                "size": geo.profile(profile).memory_slices, "cuda_visible_devices": inst.uuid}
+
+    def destroy_instance(self, gpu_uuid: str, instance_uuid: str) -> dict:
+        with self._lock:
+            gpu = self._gpu(gpu_uuid)
+            inst = self._instance(gpu, instance_uuid)
+            gpu.instances.remove(inst)
+        return {"instance_uuid": instance_uuid, "gpu_uuid": gpu_uuid, "destroyed": True}
+
+    def sample(self) -> list[dict]:
+        with self._lock:
+            out = []
+            for gpu in self._gpus:
+                load, mem_share = gpu.load()
+                out.append({"uuid": gpu.uuid, **gpu.metrics.step(load, mem_share)})
+            return out
+
+    def set_busy(self, gpu_uuid: str, instance_uuid: str, busy: float | bool) -> dict:
+        if isinstance(busy, bool):
+            level = 1.0 if busy else 0.0
+        elif isinstance(busy, (int, float)) and 0.0 <= busy <= 1.0:
+            level = float(busy)
+        else:
+            raise BackendError(protocol.E_BAD_FRAME, f"busy must be true/false or a share 0..1, not {busy!r}")
+        with self._lock:
+            gpu = self._gpu(gpu_uuid)
+            if instance_uuid == gpu_uuid and gpu.geometry is None:
+                gpu.busy = level
+            else:
+                self._instance(gpu, instance_uuid).busy = level
+        return {"gpu_uuid": gpu_uuid, "instance_uuid": instance_uuid, "busy": level}
+
+    def inject_fault(self, gpu_uuid: str, fault: str, xid: int | None = None) -> dict:
+        if fault not in FAULTS:
+            raise BackendError(protocol.E_BAD_FRAME, f"unknown fault {fault!r}; one of {', '.join(FAULTS)}")
+        if xid is not None and (isinstance(xid, bool) or not isinstance(xid, int) or xid <= 0):
+            raise BackendError(protocol.E_BAD_FRAME, f"xid must be a positive integer, not {xid!r}")
+        with self._lock:
+            self._gpu(gpu_uuid).metrics.inject(fault, xid)
+        return {"gpu_uuid": gpu_uuid, "fault": fault}
