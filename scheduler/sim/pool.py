@@ -1,0 +1,85 @@
+"""Building the simulated pool: the openb node list through the model mapping, or the modern pool of DESIGN §9.
+
+Only GPUs are modelled: the trace's CPU and host memory are left out because the market sells GPUs and
+slices, not host cores (a pod whose host could not hold it would be a provider's problem, not placement's).
+All nodes sit in one region at one price, so the engine's price and latency scores cannot tell nodes apart
+and the comparison between policies is about packing alone.
+
+`scale` keeps a share of the nodes of each model (evenly spread through the list, at least one node of a
+model that has any), so a scaled pool keeps the trace's mix of cards; the openb trace at its own size asks
+for 0.2% of its 6,212 GPUs on average, too little to make any policy work for its living.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from scheduler.core import gpus as gpu_catalog
+from scheduler.core.model import GpuState, NodeState
+
+from .mapping import MODERN_POOL, map_model
+from .trace import TraceNode
+
+SIM_REGION = "ap-southeast"  # the trace comes from an Alibaba cluster; one region for all, see above
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    id: str
+    model: str  # catalog key
+    gpus: int
+    source_model: str  # the trace's (or the modern list's) model name
+
+
+def _spread(items: list, keep: int) -> list:
+    """`keep` items evenly spread through `items` (deterministic, keeps the list's order)."""
+    if keep >= len(items):
+        return list(items)
+    step = len(items) / keep
+    return [items[int(i * step)] for i in range(keep)]
+
+
+def _scaled(groups: "OrderedDict[str, list]", scale: float) -> list:
+    if scale <= 0:
+        raise ValueError("pool scale must be > 0")
+    out: list = []
+    for members in groups.values():
+        out.extend(_spread(members, max(1, round(len(members) * scale))))
+    return out
+
+
+def openb_pool(nodes: list[TraceNode], mapping: dict[str, str], *, scale: float = 1.0) -> list[NodeSpec]:
+    groups: OrderedDict[str, list[NodeSpec]] = OrderedDict()
+    for n in nodes:
+        spec = NodeSpec(n.name, map_model(n.model, mapping), n.gpus, n.model)
+        groups.setdefault(n.model, []).append(spec)
+    return sorted(_scaled(groups, scale), key=lambda s: s.id)
+
+
+def modern_pool(*, scale: float = 1.0) -> list[NodeSpec]:
+    groups: OrderedDict[str, list[NodeSpec]] = OrderedDict()
+    for label, count, per_node, key in MODERN_POOL:
+        groups[label] = [NodeSpec(f"{label.lower()}-{i:04d}", key, per_node, label) for i in range(count)]
+    return _scaled(groups, scale)
+
+
+def node_states(specs: list[NodeSpec]) -> list[NodeState]:
+    """Fresh, empty engine nodes for one run (every policy gets its own copy)."""
+    out: list[NodeState] = []
+    for s in specs:
+        model = gpu_catalog.model_for(s.model)
+        gpus = [GpuState(uuid=f"{s.id}/gpu{i}", node_id=s.id, model=model.key, geometry=model.mig)
+                for i in range(s.gpus)]
+        out.append(NodeState(id=s.id, region=SIM_REGION, gpus=gpus))
+    return out
+
+
+def pool_summary(specs: list[NodeSpec]) -> dict:
+    """Nodes and GPUs per (source model -> catalog model), for reports."""
+    rows: dict[str, dict] = {}
+    for s in specs:
+        key = f"{s.source_model} -> {s.model}"
+        row = rows.setdefault(key, {"nodes": 0, "gpus": 0})
+        row["nodes"] += 1
+        row["gpus"] += s.gpus
+    return {"nodes": len(specs), "gpus": sum(s.gpus for s in specs), "by_model": rows}

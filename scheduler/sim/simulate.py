@@ -1,0 +1,218 @@
+"""The discrete-event replay: arrivals, completions, the wait queue and the metrics, for one policy.
+
+A policy is anything with `decide(request) -> Decision` working on a pool with `allocate(decision,
+request)` and `release(gpu_uuid, lease_id)` (scheduler.core.engine.Pool); `policies.py` builds them.
+
+Events at one instant are handled together: completions first (a GPU freed at t can take a job arriving
+at t), then arrivals, then one scheduling pass. A pass only retries request shapes that could have changed
+fate: a shape that failed since the last release fails again (capacity only shrank), which keeps a pass
+over a long queue to a handful of decide calls.
+"""
+from __future__ import annotations
+
+import heapq
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from scheduler.core.model import Decision, NodeState, Placement, Request
+
+from .frag import FragMeter
+from .mapping import Demand
+from .metrics import Levels, TimeAverages, percentile
+from .queue import JobQueue, Queued
+from .trace import Pod
+
+COMPLETION, ARRIVAL = 0, 1  # event order at one instant: free first
+
+
+@dataclass
+class Job:
+    index: int
+    pod: Pod
+    demand: Demand
+    arrival: float  # after --load compression
+    start: float | None = None
+    placements: list[Placement] = field(default_factory=list)
+
+    @property
+    def lease_id(self) -> str:
+        return f"job-{self.index}"
+
+
+def request_for(job: Job) -> Request:
+    d = job.demand
+    return Request(models=d.models, memory_gb=d.memory_gb, compute_slices=d.compute_slices,
+                   whole_gpu=d.whole_gpu, gpu_count=d.gpu_count, mode="on_demand", priority=d.priority,
+                   lease_id=job.lease_id)
+
+
+# (nodes) -> (pool, policy): every run gets a fresh pool built from fresh nodes.
+PolicyFactory = Callable[[list[NodeState]], tuple[Any, Any]]
+
+
+@dataclass
+class RunResult:
+    policy: str
+    jobs: int
+    started: int = 0
+    completed: int = 0  # finished by the end of the drain
+    completed_in_window: int = 0  # finished by the last arrival
+    unschedulable: Counter = field(default_factory=Counter)  # reason -> jobs that fit no GPU even when empty
+    never_started: int = 0
+    waits: list[float] = field(default_factory=list)
+    placed_as: Counter = field(default_factory=Counter)  # "470 milli -> a100-80gb 3g.40gb" -> jobs
+    decide_calls: int = 0
+    decide_seconds: float = 0.0
+    averages: TimeAverages | None = None
+    starts: dict[int, float] = field(default_factory=dict)  # job index -> start time (for tests)
+
+    def wait_percentile(self, p: float) -> float:
+        return percentile(self.waits, p)
+
+    @property
+    def decisions_per_second(self) -> float:
+        return self.decide_calls / self.decide_seconds if self.decide_seconds > 0 else 0.0
+
+
+def _top_reason(decision: Decision) -> str:
+    if not decision.reasons:
+        return "no GPU in the pool"
+    reason, _ = max(decision.reasons.items(), key=lambda kv: (kv[1], kv[0]))
+    return reason
+
+
+class Replay:
+    def __init__(self, name: str, factory: PolicyFactory, nodes: list[NodeState], empty_nodes: list[NodeState],
+                 jobs: list[Job], *, window_end: float, head_protect_s: float | None,
+                 frag: FragMeter) -> None:
+        self.pool, self.policy = factory(nodes)
+        # A second pool that stays empty: a shape that fails there can never run, so it is counted as
+        # unschedulable at arrival instead of waiting in the queue for ever.
+        _, self.empty_policy = factory(empty_nodes)
+        self.gpus = {g.uuid: g for n in nodes for g in n.gpus}
+        self.capacity = len(self.gpus)
+        self.jobs = jobs
+        self.queue: JobQueue[Job] = JobQueue(head_protect_s=head_protect_s)
+        self.frag = frag
+        self.levels = Levels(fragmented=sum(frag.of(g) for g in self.gpus.values()))
+        self.result = RunResult(policy=name, jobs=len(jobs),
+                                averages=TimeAverages(self.capacity, window_end))
+        self.events: list[tuple[float, int, int, Job]] = []
+        self.never_fits: dict[tuple, str | None] = {}  # shape -> reason it fits no empty pool, or None
+        self.version = 0  # bumped on every release; a failure is only final within one version
+        self.failed: set[tuple] = set()  # shapes that failed at the current version
+        self.queued_shapes: Counter = Counter()
+
+    # --- pool operations -------------------------------------------------------------------------
+
+    def _decide(self, job: Job) -> Decision:
+        t0 = time.perf_counter()
+        decision = self.policy.decide(request_for(job))
+        self.result.decide_seconds += time.perf_counter() - t0
+        self.result.decide_calls += 1
+        return decision
+
+    def _touch(self, uuids: set[str], sign: int) -> None:
+        for u in uuids:
+            self.levels.fragmented += sign * self.frag.of(self.gpus[u])
+
+    def _start(self, job: Job, decision: Decision, now: float) -> None:
+        touched = {p.gpu_uuid for p in decision.placements}
+        self._touch(touched, -1)
+        self.pool.allocate(decision, request_for(job))
+        self._touch(touched, +1)
+        job.start, job.placements = now, list(decision.placements)
+        self.levels.allocated += job.demand.share
+        self.levels.held += self.frag.held(self.gpus, job.placements)
+        r = self.result
+        r.started += 1
+        r.waits.append(now - job.arrival)
+        r.starts[job.index] = now
+        for p in job.placements[:1]:
+            what = p.profile or "whole"
+            r.placed_as[f"{job.pod.num_gpu}x{job.pod.gpu_milli} milli -> {self.gpus[p.gpu_uuid].model} {what}"] += 1
+        heapq.heappush(self.events, (now + job.pod.runtime, COMPLETION, job.index, job))
+
+    def _finish(self, job: Job, now: float) -> None:
+        touched = {p.gpu_uuid for p in job.placements}
+        self._touch(touched, -1)
+        self.levels.held -= self.frag.held(self.gpus, job.placements)
+        for uuid in touched:
+            self.pool.release(uuid, job.lease_id)
+        self._touch(touched, +1)
+        self.levels.allocated -= job.demand.share
+        self.result.completed += 1
+        if now <= self.result.averages.window_end:
+            self.result.completed_in_window += 1
+        self.version += 1
+        self.failed.clear()
+
+    # --- queue -----------------------------------------------------------------------------------
+
+    def _admit(self, job: Job, now: float) -> None:
+        shape = job.demand.key
+        if shape not in self.never_fits:
+            decision = self.empty_policy.decide(request_for(job))
+            self.never_fits[shape] = None if decision.ok else _top_reason(decision)
+        reason = self.never_fits[shape]
+        if reason is not None:
+            self.result.unschedulable[reason] += 1
+            return
+        self.queue.push(job, priority=job.demand.priority, now=now)
+        self.queued_shapes[shape] += 1
+
+    def _try(self, entry: Queued[Job], now: float) -> bool:
+        shape = entry.item.demand.key
+        if shape in self.failed:
+            return False
+        decision = self._decide(entry.item)
+        if not decision.ok:
+            self.failed.add(shape)
+            return False
+        self.queue.remove(entry)
+        self.queued_shapes[shape] -= 1
+        if not self.queued_shapes[shape]:
+            del self.queued_shapes[shape]
+        self._start(entry.item, decision, now)
+        return True
+
+    def _pass(self, now: float) -> None:
+        while self.queue.head_is_protected(now):
+            head = self.queue.head()
+            if head is None or not self._try(head, now):
+                return
+        for entry in self.queue.in_order():
+            if all(s in self.failed for s in self.queued_shapes):
+                return  # every shape still queued has failed since the last release
+            self._try(entry, now)
+
+    # --- the loop --------------------------------------------------------------------------------
+
+    def run(self) -> RunResult:
+        for job in self.jobs:
+            heapq.heappush(self.events, (job.arrival, ARRIVAL, job.index, job))
+        avg = self.result.averages
+        while self.events:
+            now = self.events[0][0]
+            avg.advance(now, self.levels)
+            while self.events and self.events[0][0] == now:
+                _, kind, _, job = heapq.heappop(self.events)
+                if kind == COMPLETION:
+                    self._finish(job, now)
+                else:
+                    self._admit(job, now)
+            self._pass(now)
+            self.levels.queued = len(self.queue)
+            avg.sample(now, self.levels)
+        self.result.never_started = len(self.queue)
+        return self.result
+
+
+def replay(name: str, factory: PolicyFactory, node_factory: Callable[[], list[NodeState]], jobs: list[Job], *,
+           window_end: float, head_protect_s: float | None, frag: FragMeter) -> RunResult:
+    """Replay `jobs` (fresh copies of their run state) against a fresh pool with one policy."""
+    fresh = [Job(j.index, j.pod, j.demand, j.arrival) for j in jobs]
+    return Replay(name, factory, node_factory(), node_factory(), fresh, window_end=window_end,
+                  head_protect_s=head_protect_s, frag=frag).run()
