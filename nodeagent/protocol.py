@@ -194,7 +194,8 @@ METRIC_FIELDS = ("util", "mem_used_mib", "mem_total_mib", "temp_c", "power_w", "
 
 
 def validate_metrics(frame: dict) -> dict:
-    """Check a metrics batch: `gpus` is a list of {uuid, util, mem_used_mib, ..., xid: [codes]}."""
+    """Check a metrics batch: `gpus` is a list of {uuid, util, mem_used_mib, ..., xid: [codes]}; every
+    reading may be null where the GPU cannot report it."""
     w = "metrics"
     _num(frame, "ts", w, lo=0)
     gpus = _req(frame, "gpus", list, w)
@@ -205,11 +206,13 @@ def validate_metrics(frame: dict) -> dict:
         if not isinstance(g, dict):
             raise ProtocolError(f"{gw}: must be an object")
         _req(g, "uuid", str, gw)
-        _num(g, "util", gw, lo=0, hi=100)
-        _num(g, "mem_used_mib", gw, lo=0)
-        _num(g, "mem_total_mib", gw, lo=0)
-        _num(g, "temp_c", gw, lo=-50, hi=200)
-        _num(g, "power_w", gw, lo=0, hi=5000)
+        # A reading the GPU cannot give is null, not a made-up number: NVML reports no whole-GPU
+        # utilisation in MIG mode, and some boards have no power or ECC counters (NotSupported).
+        _num(g, "util", gw, lo=0, hi=100, optional=True)
+        _num(g, "mem_used_mib", gw, lo=0, optional=True)
+        _num(g, "mem_total_mib", gw, lo=0, optional=True)
+        _num(g, "temp_c", gw, lo=-50, hi=200, optional=True)
+        _num(g, "power_w", gw, lo=0, hi=5000, optional=True)
         _num(g, "sm_clock_mhz", gw, lo=0, hi=10000, optional=True)
         _num(g, "ecc_sbe", gw, lo=0, optional=True)
         _num(g, "ecc_dbe", gw, lo=0, optional=True)
