@@ -1,0 +1,32 @@
+"""ASGI entry point: HTTP through Django; websockets for agents (token auth) and the console (session)."""
+import os
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
+
+from django.core.asgi import get_asgi_application  # noqa: E402
+
+django_asgi_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.urls import path  # noqa: E402
+
+from marketplace.consumers import ConsoleConsumer  # noqa: E402
+from scheduler.gateway.consumer import AgentConsumer  # noqa: E402
+
+# Agents are not browsers: they send no Origin and authenticate with their node token, so their route
+# skips the origin check; console sockets ride the browser session and must come from our own pages.
+agent_routes = URLRouter([path("ws/agent/", AgentConsumer.as_asgi())])
+console_routes = AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter([
+    path("ws/console/", ConsoleConsumer.as_asgi()),
+])))
+
+
+async def websocket_router(scope, receive, send):
+    if scope["path"].startswith("/ws/agent/"):
+        return await agent_routes(scope, receive, send)
+    return await console_routes(scope, receive, send)
+
+
+application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": websocket_router})

@@ -1,0 +1,133 @@
+"""Strict helpers that read settings from the environment.
+
+A malformed value stops start-up with a message naming the variable: a typo in production must not
+silently fall back to a default.
+"""
+from __future__ import annotations
+
+import os
+from decimal import Decimal, InvalidOperation
+from urllib.parse import parse_qs, unquote, urlparse
+
+
+class ImproperlyConfiguredEnv(Exception):
+    """Raised at start-up for a malformed environment variable."""
+
+    def __init__(self, name: str, problem: str):
+        super().__init__(f"environment variable {name}: {problem}")
+        self.name = name
+
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off"}
+
+
+def _raw(name: str) -> str | None:
+    value = os.environ.get(name)
+    if value is None or value.strip() == "":
+        return None
+    return value.strip()
+
+
+def env_str(name: str, default: str | None = None) -> str | None:
+    value = _raw(name)
+    return default if value is None else value
+
+
+def env_bool(name: str, default: bool) -> bool:
+    value = _raw(name)
+    if value is None:
+        return default
+    if value.lower() in _TRUE:
+        return True
+    if value.lower() in _FALSE:
+        return False
+    raise ImproperlyConfiguredEnv(name, f"expected a boolean (1/0, true/false, yes/no, on/off), got {value!r}")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    value = _raw(name)
+    if value is None:
+        return default
+    try:
+        number = int(value)
+    except ValueError:
+        raise ImproperlyConfiguredEnv(name, f"expected an integer, got {value!r}") from None
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+        raise ImproperlyConfiguredEnv(name, f"{number} is outside [{minimum}, {maximum}]")
+    return number
+
+
+def env_float(name: str, default: float, *, minimum: float | None = None, maximum: float | None = None) -> float:
+    value = _raw(name)
+    if value is None:
+        return default
+    try:
+        number = float(value)
+    except ValueError:
+        raise ImproperlyConfiguredEnv(name, f"expected a number, got {value!r}") from None
+    if number != number or (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+        raise ImproperlyConfiguredEnv(name, f"{number} is outside [{minimum}, {maximum}]")
+    return number
+
+
+def env_decimal(name: str, default: str, *, minimum: Decimal | None = None) -> Decimal:
+    value = _raw(name) or default
+    try:
+        number = Decimal(value)
+    except InvalidOperation:
+        raise ImproperlyConfiguredEnv(name, f"expected a decimal number, got {value!r}") from None
+    if not number.is_finite() or (minimum is not None and number < minimum):
+        raise ImproperlyConfiguredEnv(name, f"{value} is not a valid amount")
+    return number
+
+
+def env_list(name: str, default: list[str]) -> list[str]:
+    value = _raw(name)
+    if value is None:
+        return list(default)
+    return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def database_from_url(name: str, url: str) -> dict:
+    """Django DATABASES entry from postgres://user:pass@host:port/db or sqlite:///path."""
+    parsed = urlparse(url)
+    if parsed.scheme in ("postgres", "postgresql", "pgsql"):
+        if not parsed.path or parsed.path == "/":
+            raise ImproperlyConfiguredEnv(name, "a PostgreSQL URL needs a database name (postgres://host/dbname)")
+        try:
+            port = parsed.port
+        except ValueError:
+            raise ImproperlyConfiguredEnv(name, "the port is not a number") from None
+        options = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+        return {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": unquote(parsed.path[1:]),
+            "USER": unquote(parsed.username or ""),
+            "PASSWORD": unquote(parsed.password or ""),
+            "HOST": parsed.hostname or "",
+            "PORT": str(port or ""),
+            "OPTIONS": options,
+            "CONN_MAX_AGE": 60,
+            "CONN_HEALTH_CHECKS": True,
+        }
+    if parsed.scheme == "sqlite":
+        path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
+        if not path:
+            raise ImproperlyConfiguredEnv(name, "use sqlite:///relative/path.db or sqlite:////absolute/path.db")
+        return {"ENGINE": "django.db.backends.sqlite3", "NAME": path}
+    raise ImproperlyConfiguredEnv(name, f"unsupported scheme {parsed.scheme!r}: use postgres:// or sqlite:///")
+
+
+def redis_url(name: str) -> str | None:
+    value = _raw(name)
+    if value is None:
+        return None
+    parsed = urlparse(value)
+    if parsed.scheme not in ("redis", "rediss") or not parsed.hostname:
+        raise ImproperlyConfiguredEnv(name, f"expected redis://host:port/db, got {value!r}")
+    try:
+        parsed.port
+    except ValueError:
+        raise ImproperlyConfiguredEnv(name, "the port is not a number") from None
+    return value

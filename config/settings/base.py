@@ -1,0 +1,180 @@
+"""Settings for every environment, read from the environment through strict helpers (config.env).
+
+With nothing set: SQLite, the in-memory channel layer and Celery on an embedded filesystem broker (no
+Redis needed). DATABASE_URL → PostgreSQL; REDIS_URL → Redis channel layer and Celery broker.
+"""
+from __future__ import annotations
+
+from decimal import Decimal
+from pathlib import Path
+
+from config.env import (database_from_url, env_bool, env_decimal, env_float, env_int, env_list, env_str,
+                        redis_url)
+
+BASE_DIR = Path(__file__).resolve().parent.parent.parent
+VAR_DIR = Path(env_str("GPUMARKET_VAR_DIR", str(BASE_DIR / "var")))
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = env_str("DJANGO_SECRET_KEY") or ("insecure-dev-key-change-me" if DEBUG else None)
+if not SECRET_KEY:
+    from config.env import ImproperlyConfiguredEnv
+
+    raise ImproperlyConfiguredEnv("DJANGO_SECRET_KEY", "must be set when DJANGO_DEBUG is off")
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "channels",
+    "scheduler.apps.SchedulerConfig",
+    "marketplace.apps.MarketplaceConfig",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+WSGI_APPLICATION = None
+
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "DIRS": [BASE_DIR / "templates"],
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
+
+_database_url = env_str("DATABASE_URL")
+DATABASES = {"default": database_from_url("DATABASE_URL", _database_url) if _database_url else {
+    "ENGINE": "django.db.backends.sqlite3",
+    "NAME": str(VAR_DIR / "db.sqlite3"),
+    # WAL and a busy timeout let web, worker and beat share one SQLite file in the demo.
+    "OPTIONS": {"timeout": 20, "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE"},
+}}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "console:home"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+WHITENOISE_USE_FINDERS = True  # serve from static/ without a collectstatic step in the demo
+
+# --- Redis: channel layer and Celery broker -----------------------------------------------------
+REDIS_URL = redis_url("REDIS_URL")
+if REDIS_URL:
+    CHANNEL_LAYERS = {"default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "capacity": 2000, "expiry": 30},
+    }}
+    CELERY_BROKER_URL = REDIS_URL
+    CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer",
+                                  "CONFIG": {"capacity": 2000, "expiry": 30}}}
+    # The embedded broker: messages are files under var/celery, shared by web, worker and beat.
+    _celery_dir = VAR_DIR / "celery"
+    CELERY_BROKER_URL = "filesystem://"
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_celery_dir / "queue"),
+        "data_folder_out": str(_celery_dir / "queue"),
+        "control_folder": str(_celery_dir / "control"),
+        "store_processed": False,
+    }
+CELERY_TASK_ALWAYS_EAGER = False
+CELERY_TASK_ACKS_LATE = True  # tasks are guarded by state checks, so a redelivery is harmless
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+CELERY_TIMEZONE = "UTC"
+
+# --- The fleet ---------------------------------------------------------------------------------
+FLEET = {
+    "HEARTBEAT_TIMEOUT_SECONDS": env_float("FLEET_HEARTBEAT_TIMEOUT", 15.0, minimum=1.0),
+    "METRICS_INTERVAL_SECONDS": env_float("FLEET_METRICS_INTERVAL", 1.0, minimum=0.05, maximum=60),
+    "METRICS_FLUSH_SECONDS": env_float("FLEET_METRICS_FLUSH", 2.0, minimum=0.05, maximum=60),
+    "COMMAND_TIMEOUT_SECONDS": env_float("FLEET_COMMAND_TIMEOUT", 30.0, minimum=1.0),
+    "OFFLINE_CHECK_SECONDS": env_float("FLEET_OFFLINE_CHECK", 5.0, minimum=0.5),
+    # Health thresholds that cordon a GPU (DESIGN.md §7).
+    "MAX_TEMPERATURE_C": env_float("FLEET_MAX_TEMPERATURE_C", 90.0, minimum=30, maximum=150),
+    "MAX_ECC_DBE": env_int("FLEET_MAX_ECC_DBE", 0, minimum=0),
+    # XIDs that mean the GPU needs attention (NVIDIA XID catalogue: 48 DBE, 63/64 row remap, 74 NVLink,
+    # 79 fallen off the bus, 92 high SBE rate, 94/95 contained/uncontained ECC).
+    "CORDON_XIDS": [int(x) for x in env_list("FLEET_CORDON_XIDS", ["48", "63", "64", "74", "79", "92", "94", "95"])],
+}
+
+# --- REST API ----------------------------------------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "marketplace.api.auth.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "marketplace.api.errors.exception_handler",
+    "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.UserRateThrottle",
+                                 "rest_framework.throttling.AnonRateThrottle"],
+    "DEFAULT_THROTTLE_RATES": {"user": env_str("API_THROTTLE_USER", "6000/min"),
+                               "anon": env_str("API_THROTTLE_ANON", "120/min")},
+    "TEST_REQUEST_DEFAULT_FORMAT": "json",
+}
+SPECTACULAR_SETTINGS = {"TITLE": "GPU Market API", "VERSION": "1.0.0",
+                        "DESCRIPTION": "Fleet, catalog and market API of GPU Market.",
+                        "SERVE_INCLUDE_SCHEMA": False}
+
+# --- Money -------------------------------------------------------------------------------------
+PLATFORM_FEE_RATE = env_decimal("PLATFORM_FEE_RATE", "0.10", minimum=Decimal("0"))
+STRIPE_SECRET_KEY = env_str("STRIPE_SECRET_KEY")
+STRIPE_PUBLISHABLE_KEY = env_str("STRIPE_PUBLISHABLE_KEY")
+STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET")
+STRIPE_API_BASE = env_str("STRIPE_API_BASE")  # a local fake Stripe server in the demo and tests
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
+
+CELERY_BEAT_SCHEDULE = {
+    "fleet-offline": {"task": "fleet.mark_silent_nodes_offline", "schedule": FLEET["OFFLINE_CHECK_SECONDS"]},
+    "fleet-expire-commands": {"task": "fleet.expire_commands", "schedule": 5.0},
+}
+SPECTACULAR_SETTINGS.update({"SWAGGER_UI_DIST": "SIDECAR", "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+                             "REDOC_DIST": "SIDECAR"})
+INSTALLED_APPS.append("drf_spectacular_sidecar")  # Swagger UI served from our own static files, no CDN

@@ -1,0 +1,19 @@
+"""Tests: the same strict settings, a fixed secret, fast password hashing, eager Celery."""
+import os
+
+os.environ.setdefault("DJANGO_SECRET_KEY", "test-secret-key-not-for-production")
+os.environ.setdefault("DJANGO_DEBUG", "0")
+
+from .base import *  # noqa: E402,F401,F403
+from .base import DATABASES, REST_FRAMEWORK  # noqa: E402
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+CELERY_TASK_ALWAYS_EAGER = True
+CELERY_TASK_EAGER_PROPAGATES = True
+REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"user": "100000/min", "anon": "100000/min"}}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    # pytest-django creates its own test database; keep the demo's file out of it.
+    DATABASES["default"]["TEST"] = {"NAME": ":memory:"}
+    DATABASES["default"]["OPTIONS"] = {"timeout": 20}
+STORAGES = {"staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+            "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"}}

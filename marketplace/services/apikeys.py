@@ -1,0 +1,42 @@
+"""API keys: random, shown once, stored as a SHA-256 hash."""
+import hashlib
+import secrets
+
+from django.utils import timezone
+
+from marketplace.models import ApiKey
+from scheduler.errors import DomainError
+
+KEY_PREFIX = "gpm_key_"
+
+
+def _hash(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def api_key_create(*, user, name: str) -> tuple[ApiKey, str]:
+    """Create a key for `user`; returns it and the secret (shown once)."""
+    name = (name or "").strip()
+    if not name or len(name) > 80:
+        raise DomainError("an API key needs a name of 1 to 80 characters", field="name")
+    secret = KEY_PREFIX + secrets.token_urlsafe(32)
+    key = ApiKey.objects.create(user=user, name=name, prefix=secret[:16], key_hash=_hash(secret))
+    return key, secret
+
+
+def api_key_revoke(*, user, key_id) -> ApiKey:
+    key = ApiKey.objects.get(pk=key_id, user=user)
+    ApiKey.objects.filter(pk=key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+    key.refresh_from_db()
+    return key
+
+
+def api_key_user(*, secret: str):
+    """The active user of a key, or None."""
+    if not secret.startswith(KEY_PREFIX) or len(secret) > 200:
+        return None
+    key = ApiKey.objects.select_related("user").filter(key_hash=_hash(secret), revoked_at__isnull=True).first()
+    if key is None or not key.user.is_active:
+        return None
+    ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
+    return key.user

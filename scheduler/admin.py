@@ -1,0 +1,124 @@
+from django.contrib import admin, messages
+
+from scheduler.models import AgentCommand, Gpu, GpuMetricLatest, GpuMetricRollup, GpuModel, GpuProfile, HealthEvent, Node, Slice
+from scheduler.services import health as health_services
+from scheduler.services import nodes as node_services
+
+
+class GpuProfileInline(admin.TabularInline):
+    model = GpuProfile
+    extra = 0
+    fields = ["name", "compute_slices", "memory_slices", "memory_gb", "starts", "max_count", "media_extensions", "pu"]
+
+
+@admin.register(GpuModel)
+class GpuModelAdmin(admin.ModelAdmin):
+    list_display = ["name", "key", "memory_gb", "bf16_tensor_tflops", "memory_bandwidth_gbs", "compute_capability",
+                    "mig_capable", "pu"]
+    search_fields = ["name", "key"]
+    list_filter = ["compute_capability"]
+    inlines = [GpuProfileInline]
+
+    @admin.display(boolean=True)
+    def mig_capable(self, obj):
+        return obj.mig_capable
+
+
+class GpuInline(admin.TabularInline):
+    model = Gpu
+    extra = 0
+    fields = ["index", "uuid", "name", "gpu_model", "mig_enabled", "health", "health_reason", "present"]
+    readonly_fields = fields
+    can_delete = False
+
+
+@admin.register(Node)
+class NodeAdmin(admin.ModelAdmin):
+    list_display = ["name", "provider", "region", "status", "hostname", "cuda_version", "gpu_total", "last_heartbeat"]
+    list_filter = ["status", "region", "backend"]
+    search_fields = ["name", "hostname", "provider__username", "id"]
+    readonly_fields = ["id", "token_prefix", "hostname", "driver_version", "cuda_version", "agent_version", "backend",
+                       "last_heartbeat", "connected_at", "created_at"]
+    exclude = ["token_hash"]
+    inlines = [GpuInline]
+    actions = ["drain", "undrain"]
+
+    @admin.display(description="GPUs")
+    def gpu_total(self, obj):
+        return obj.gpus.filter(present=True).count()
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).select_related("provider")
+
+    @admin.action(description="Drain selected nodes (no new work)")
+    def drain(self, request, queryset):
+        for node in queryset:
+            node_services.node_drain(node=node)
+        self.message_user(request, f"{queryset.count()} node(s) draining", messages.SUCCESS)
+
+    @admin.action(description="Undrain selected nodes")
+    def undrain(self, request, queryset):
+        for node in queryset:
+            node_services.node_undrain(node=node)
+        self.message_user(request, f"{queryset.count()} node(s) back in service", messages.SUCCESS)
+
+
+@admin.register(Gpu)
+class GpuAdmin(admin.ModelAdmin):
+    list_display = ["__str__", "uuid", "gpu_model", "mig_enabled", "health", "health_reason", "present"]
+    list_filter = ["health", "mig_enabled", "gpu_model", "present", "node__region"]
+    search_fields = ["uuid", "name", "node__name"]
+    list_select_related = ["node", "gpu_model"]
+    readonly_fields = ["uuid", "node", "index", "name", "memory_mib", "mig_geometry"]
+    actions = ["cordon", "uncordon"]
+
+    @admin.action(description="Cordon selected GPUs (no new work)")
+    def cordon(self, request, queryset):
+        n = sum(health_services.gpu_cordon(gpu_id=g.pk, reason="cordoned by an operator", by=request.user.username)
+                for g in queryset)
+        self.message_user(request, f"{n} GPU(s) cordoned", messages.SUCCESS)
+
+    @admin.action(description="Uncordon selected GPUs")
+    def uncordon(self, request, queryset):
+        n = sum(health_services.gpu_uncordon(gpu_id=g.pk, by=request.user.username) for g in queryset)
+        self.message_user(request, f"{n} GPU(s) uncordoned", messages.SUCCESS)
+
+
+@admin.register(Slice)
+class SliceAdmin(admin.ModelAdmin):
+    list_display = ["id", "gpu", "profile", "start", "size", "state", "instance_uuid", "created_at"]
+    list_filter = ["state", "profile"]
+    search_fields = ["instance_uuid", "gpu__uuid", "gpu__node__name"]
+    list_select_related = ["gpu__node"]
+    readonly_fields = [f.name for f in Slice._meta.fields]
+
+
+@admin.register(AgentCommand)
+class AgentCommandAdmin(admin.ModelAdmin):
+    list_display = ["id", "node", "op", "state", "error_code", "created_at", "completed_at"]
+    list_filter = ["state", "op"]
+    search_fields = ["id", "node__name"]
+    list_select_related = ["node"]
+    readonly_fields = [f.name for f in AgentCommand._meta.fields]
+
+
+@admin.register(HealthEvent)
+class HealthEventAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "node", "gpu", "kind", "message"]
+    list_filter = ["kind"]
+    search_fields = ["message", "node__name", "gpu__uuid"]
+    list_select_related = ["node", "gpu"]
+    readonly_fields = [f.name for f in HealthEvent._meta.fields]
+
+
+@admin.register(GpuMetricRollup)
+class GpuMetricRollupAdmin(admin.ModelAdmin):
+    list_display = ["gpu", "minute", "samples", "util_avg", "temp_max", "power_avg"]
+    list_filter = ["minute"]
+    list_select_related = ["gpu__node"]
+
+
+@admin.register(GpuMetricLatest)
+class GpuMetricLatestAdmin(admin.ModelAdmin):
+    list_display = ["gpu", "at", "util", "mem_used_mib", "temp_c", "power_w", "ecc_dbe"]
+    list_select_related = ["gpu__node"]

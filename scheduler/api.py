@@ -1,0 +1,170 @@
+"""REST API of the fleet: nodes (register, token shown once), GPUs (cordon/uncordon), slices."""
+from __future__ import annotations
+
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.response import Response
+
+from scheduler import selectors
+from scheduler.models import Gpu, Node, Slice
+from scheduler.services import health as health_services
+from scheduler.services import nodes as node_services
+from scheduler.services import slices as slice_services
+
+
+class NodeSerializer(serializers.ModelSerializer):
+    gpu_count = serializers.IntegerField(read_only=True)
+    cordoned_count = serializers.IntegerField(read_only=True)
+
+    class Meta:
+        model = Node
+        fields = ["id", "name", "region", "status", "hostname", "driver_version", "cuda_version", "agent_version",
+                  "backend", "price_per_gpu_hour", "reliability", "last_heartbeat", "token_prefix", "gpu_count",
+                  "cordoned_count", "created_at"]
+        read_only_fields = fields
+
+
+class NodeRegisterSerializer(serializers.Serializer):
+    name = serializers.CharField(max_length=80)
+    region = serializers.CharField(max_length=40, required=False, default="eu-west")
+    price_per_gpu_hour = serializers.DecimalField(max_digits=10, decimal_places=4, min_value=0, max_value=1000,
+                                                  required=False)
+
+
+class LatestSerializer(serializers.Serializer):
+    at = serializers.DateTimeField()
+    util = serializers.FloatField()
+    mem_used_mib = serializers.FloatField()
+    mem_total_mib = serializers.FloatField()
+    temp_c = serializers.FloatField()
+    power_w = serializers.FloatField()
+    sm_clock_mhz = serializers.FloatField(allow_null=True)
+    ecc_sbe = serializers.IntegerField(allow_null=True)
+    ecc_dbe = serializers.IntegerField(allow_null=True)
+
+
+class GpuSerializer(serializers.ModelSerializer):
+    node = serializers.UUIDField(source="node_id", read_only=True)
+    model = serializers.CharField(source="gpu_model.key", default=None, read_only=True)
+    latest = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Gpu
+        fields = ["uuid", "node", "index", "name", "model", "memory_mib", "mig_enabled", "mig_geometry", "health",
+                  "health_reason", "latest"]
+        read_only_fields = fields
+
+    def get_latest(self, gpu: Gpu) -> dict | None:
+        latest = getattr(gpu, "latest", None)
+        return LatestSerializer(latest).data if latest else None
+
+
+class SliceSerializer(serializers.ModelSerializer):
+    gpu = serializers.CharField(source="gpu.uuid", read_only=True)
+    node = serializers.UUIDField(source="gpu.node_id", read_only=True)
+    cuda_visible_devices = serializers.CharField(read_only=True)
+
+    class Meta:
+        model = Slice
+        fields = ["id", "gpu", "node", "profile", "start", "size", "state", "instance_uuid", "cuda_visible_devices",
+                  "error", "created_at", "ready_at", "ended_at"]
+        read_only_fields = fields
+
+
+class SliceCreateSerializer(serializers.Serializer):
+    gpu = serializers.CharField(max_length=80, help_text="GPU uuid")
+    profile = serializers.CharField(max_length=30, required=False, allow_blank=True,
+                                    help_text="MIG profile; omit for the whole GPU")
+    start = serializers.IntegerField(min_value=0, max_value=15, required=False)
+
+
+class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """A provider's nodes. POST registers one and returns its agent token once."""
+
+    serializer_class = NodeSerializer
+
+    def get_queryset(self):
+        qs = selectors.node_list(user=self.request.user)
+        for field in ("status", "region"):
+            if self.request.query_params.get(field):
+                qs = qs.filter(**{field: self.request.query_params[field]})
+        return qs
+
+    def create(self, request):
+        data = NodeRegisterSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        node, token = node_services.node_register(provider=request.user, **data.validated_data)
+        body = NodeSerializer(selectors.node_get(user=request.user, node_id=node.pk)).data
+        body["token"] = token
+        body["agent_command"] = agent_command_line(request, token)
+        return Response(body, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["post"])
+    def drain(self, request, pk=None):
+        node = node_services.node_drain(node=self.get_object())
+        return Response(NodeSerializer(selectors.node_get(user=request.user, node_id=node.pk)).data)
+
+    @action(detail=True, methods=["post"], url_path="rotate-token")
+    def rotate_token(self, request, pk=None):
+        token = node_services.node_rotate_token(node=self.get_object())
+        return Response({"token": token, "agent_command": agent_command_line(request, token)})
+
+
+def agent_command_line(request, token: str) -> str:
+    scheme = "wss" if request.is_secure() else "ws"
+    return f"python -m nodeagent --server {scheme}://{request.get_host()}/ws/agent/ --token {token}"
+
+
+class GpuViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = GpuSerializer
+    lookup_field = "uuid"
+    lookup_value_regex = "[^/]+"
+
+    def get_queryset(self):
+        qs = selectors.gpu_list(user=self.request.user)
+        for param, field in (("node", "node_id"), ("health", "health"), ("model", "gpu_model__key")):
+            if self.request.query_params.get(param):
+                qs = qs.filter(**{field: self.request.query_params[param]})
+        return qs
+
+    @action(detail=True, methods=["post"])
+    def cordon(self, request, uuid=None):
+        gpu = self.get_object()
+        reason = str(request.data.get("reason") or "cordoned by its provider")[:150]
+        health_services.gpu_cordon(gpu_id=gpu.pk, reason=reason, by=request.user.get_username())
+        return Response(GpuSerializer(self.get_queryset().get(pk=gpu.pk)).data)
+
+    @action(detail=True, methods=["post"])
+    def uncordon(self, request, uuid=None):
+        gpu = self.get_object()
+        health_services.gpu_uncordon(gpu_id=gpu.pk, by=request.user.get_username())
+        return Response(GpuSerializer(self.get_queryset().get(pk=gpu.pk)).data)
+
+
+class SliceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
+                   viewsets.GenericViewSet):
+    """Slices on the caller's GPUs. POST carves one by hand (diagnostics; orders carve their own)."""
+
+    serializer_class = SliceSerializer
+
+    def get_queryset(self):
+        qs = selectors.slice_list(user=self.request.user)
+        if self.request.query_params.get("state"):
+            qs = qs.filter(state=self.request.query_params["state"])
+        return qs
+
+    def create(self, request):
+        data = SliceCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        gpu = selectors.gpu_list(user=request.user).filter(uuid=data.validated_data["gpu"]).first()
+        if gpu is None:
+            from scheduler.errors import NotFound
+
+            raise NotFound("no such GPU among yours", field="gpu")
+        sl = slice_services.slice_create(gpu_id=gpu.pk, profile=data.validated_data.get("profile") or None,
+                                         start=data.validated_data.get("start"))
+        return Response(SliceSerializer(self.get_queryset().get(pk=sl.pk)).data, status=status.HTTP_201_CREATED)
+
+    def destroy(self, request, pk=None):
+        sl = slice_services.slice_destroy(slice_id=self.get_object().pk)
+        return Response(SliceSerializer(sl).data, status=status.HTTP_202_ACCEPTED)

@@ -1,0 +1,164 @@
+"""The agent gateway: one websocket per node agent (protocol v1, nodeagent/protocol.py).
+
+It authenticates the node token, applies the hello (inventory), takes metrics batches (buffered, fanned
+out to console subscribers at once, health-checked), forwards commands and applies their results. A
+malformed frame gets an error frame and changes nothing; an unauthorised socket is closed (4401); a frame
+naming another node's GPU is refused (4403 for a hello, an error frame for metrics).
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
+from django.utils import timezone
+
+from nodeagent import protocol
+from scheduler.errors import DomainError
+from scheduler.services import commands as command_services
+from scheduler.services import health as health_services
+from scheduler.services import nodes as node_services
+from scheduler.services.events import agent_group, node_group
+
+from .ingest import INGEST
+
+log = logging.getLogger(__name__)
+
+CLOSE_BAD_FRAME, CLOSE_UNAUTHORISED, CLOSE_FORBIDDEN = 4400, 4401, 4403
+MAX_BAD_FRAMES = 10  # after this many malformed frames on one socket, the agent is broken: close it
+
+
+def _bearer(scope) -> str:
+    for name, value in scope.get("headers", []):
+        if name == b"authorization":
+            text = value.decode("latin-1")
+            if text.lower().startswith("bearer "):
+                return text[7:].strip()
+    return ""
+
+
+class AgentConsumer(AsyncWebsocketConsumer):
+    node_id = None
+    ready = False  # True once the hello has been applied
+
+    async def connect(self):
+        node = await database_sync_to_async(node_services.node_for_token)(token=_bearer(self.scope))
+        await self.accept()
+        if node is None:
+            await self._error(protocol.E_UNAUTHORISED, "unknown or missing node token")
+            await self.close(code=CLOSE_UNAUTHORISED)
+            return
+        self.node_id = node.pk
+        self.node_label = node.name
+        self.bad_frames = 0
+        self.gpu_ids: dict[str, int] = {}
+        self.cordoned: set[str] = set()
+        self.last_dbe: dict[str, float] = {}
+        self.thresholds = health_services.Thresholds.from_settings()
+        INGEST.ensure_running()
+
+    async def disconnect(self, code):
+        if self.node_id is None:
+            return
+        await self.channel_layer.group_discard(agent_group(self.node_id), self.channel_name)
+        if self.ready:
+            await database_sync_to_async(node_services.node_disconnected)(node_id=self.node_id)
+
+    async def _error(self, code: str, message: str, ref: str | None = None) -> None:
+        await self.send(text_data=protocol.encode(protocol.error(code=code, message=message, ref=ref)))
+
+    async def receive(self, text_data=None, bytes_data=None):
+        if self.node_id is None:
+            return
+        try:
+            frame = protocol.validate(protocol.decode(text_data if text_data is not None else bytes_data))
+        except protocol.ProtocolError as exc:
+            await self._refuse(exc.code, exc.message)
+            return
+        kind = frame["type"]
+        if kind == "hello":
+            await self._hello(frame)
+        elif not self.ready:
+            await self._refuse(protocol.E_BAD_FRAME, f"{kind} before hello", close=True)
+        elif kind == "metrics":
+            await self._metrics(frame)
+        elif kind == "result":
+            await database_sync_to_async(command_services.command_complete)(node_id=self.node_id, frame=frame)
+        elif kind == "event":
+            await database_sync_to_async(health_services.health_event_record)(
+                node_id=self.node_id, gpu_uuid=frame.get("gpu_uuid"), kind=frame["kind"],
+                message=str((frame.get("detail") or {}).get("message", frame["kind"])), detail=frame.get("detail") or {})
+        else:
+            await self._refuse(protocol.E_BAD_FRAME, f"agents may not send {kind!r} frames")
+
+    async def _refuse(self, code: str, message: str, *, close: bool = False) -> None:
+        self.bad_frames += 1
+        await self._error(code, message)
+        if close or self.bad_frames >= MAX_BAD_FRAMES:
+            await self.close(code=CLOSE_BAD_FRAME)
+
+    async def _hello(self, frame: dict) -> None:
+        try:
+            state = await database_sync_to_async(_apply_hello)(self.node_id, frame)
+        except DomainError as exc:
+            await self._error(exc.code, exc.message)
+            await self.close(code=CLOSE_FORBIDDEN if exc.status == 403 else CLOSE_BAD_FRAME)
+            return
+        self.gpu_ids, self.cordoned, open_commands = state
+        self.last_dbe.clear()
+        self.ready = True
+        await self.channel_layer.group_add(agent_group(self.node_id), self.channel_name)
+        await self.send(text_data=protocol.encode(protocol.welcome(
+            node_id=str(self.node_id), metrics_interval=settings.FLEET["METRICS_INTERVAL_SECONDS"],
+            heartbeat_timeout=settings.FLEET["HEARTBEAT_TIMEOUT_SECONDS"])))
+        for cmd in open_commands:  # the agent answers a command id it already ran without redoing it
+            await self.send(text_data=protocol.encode(cmd))
+        log.info("agent for node %s connected with %d GPUs", self.node_label, len(self.gpu_ids))
+
+    async def _metrics(self, frame: dict) -> None:
+        now = time.time()
+        samples = []
+        for sample in frame["gpus"]:
+            gpu_id = self.gpu_ids.get(sample["uuid"])
+            if gpu_id is None:
+                # Not a GPU of this node: the whole batch is refused so nothing of it is written.
+                await self._refuse(protocol.E_FORBIDDEN, f"GPU {sample['uuid']} is not on this node")
+                return
+            samples.append((gpu_id, sample))
+        INGEST.add(node_id=self.node_id, ts=now, samples=samples)
+        await self.channel_layer.group_send(node_group(self.node_id), {
+            "type": "node.metrics", "node": str(self.node_id), "ts": now, "sent": frame["ts"], "gpus": frame["gpus"]})
+        for sample in frame["gpus"]:
+            await self._check_health(sample)
+
+    async def _check_health(self, sample: dict) -> None:
+        uuid = sample["uuid"]
+        reasons = health_services.sample_violations(sample, self.thresholds, previous_dbe=self.last_dbe.get(uuid))
+        if sample.get("ecc_dbe") is not None:
+            self.last_dbe[uuid] = sample["ecc_dbe"]
+        if reasons and uuid not in self.cordoned:
+            self.cordoned.add(uuid)
+            await database_sync_to_async(health_services.gpu_cordon)(gpu_id=self.gpu_ids[uuid],
+                                                                     reason="; ".join(reasons))
+
+    # --- messages from the channel layer ------------------------------------------------------------
+    async def agent_command(self, message: dict) -> None:
+        frame = message["frame"]
+        await self.send(text_data=protocol.encode(frame))
+        await database_sync_to_async(command_services.commands_mark_sent)(
+            command_ids=[frame["id"]], at=timezone.now())
+
+    async def agent_resync(self, message: dict) -> None:
+        """An operator uncordoned a GPU: forget the local cordon so new violations count again."""
+        self.cordoned.discard(message.get("gpu_uuid"))
+
+
+def _apply_hello(node_id, frame: dict):
+    from scheduler.models import Gpu
+
+    node = node_services.node_hello(node_id=node_id, frame=frame)
+    gpus = list(Gpu.objects.filter(node=node, present=True).values_list("uuid", "pk", "health"))
+    return ({u: pk for u, pk, _ in gpus}, {u for u, _, h in gpus if h == Gpu.Health.CORDONED},
+            command_services.commands_open_for(node_id=node_id))

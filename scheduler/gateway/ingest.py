@@ -1,0 +1,147 @@
+"""Metrics ingest: samples are kept in memory and written in batches, not one row per sample.
+
+Each web process owns the sockets of the agents connected to it, so it owns those GPUs' samples: every
+flush it upserts the latest sample per GPU and the running 1-minute min/avg/max rollup per GPU (one
+INSERT ... ON CONFLICT per table), and stamps the heartbeat of every node heard from (one UPDATE).
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from datetime import datetime, timezone as dt_timezone
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+
+log = logging.getLogger(__name__)
+
+ROLLUP_FIELDS = (("util", "util"), ("mem_used_mib", "mem_used"), ("temp_c", "temp"), ("power_w", "power"))
+
+
+@dataclass
+class _Agg:
+    n: int = 0
+    sums: list = field(default_factory=lambda: [0.0] * len(ROLLUP_FIELDS))
+    mins: list = field(default_factory=lambda: [float("inf")] * len(ROLLUP_FIELDS))
+    maxs: list = field(default_factory=lambda: [float("-inf")] * len(ROLLUP_FIELDS))
+
+    def add(self, sample: dict) -> None:
+        self.n += 1
+        for i, (key, _) in enumerate(ROLLUP_FIELDS):
+            v = sample[key]
+            self.sums[i] += v
+            if v < self.mins[i]:
+                self.mins[i] = v
+            if v > self.maxs[i]:
+                self.maxs[i] = v
+
+
+class MetricsIngest:
+    def __init__(self) -> None:
+        self.latest: dict[int, tuple[float, dict]] = {}  # gpu pk -> (ts, sample)
+        self.rollups: dict[tuple[int, int], _Agg] = {}  # (gpu pk, minute epoch) -> aggregate
+        self.dirty_rollups: set[tuple[int, int]] = set()
+        self.heard: dict = {}  # node pk -> ts
+        self.samples_total = 0
+        self._task: asyncio.Task | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def add(self, *, node_id, ts: float, samples: list[tuple[int, dict]]) -> None:
+        """Take one validated metrics batch: [(gpu pk, sample)]. O(GPUs), no I/O."""
+        minute = int(ts // 60) * 60
+        for gpu_id, sample in samples:
+            self.latest[gpu_id] = (ts, sample)
+            key = (gpu_id, minute)
+            agg = self.rollups.get(key)
+            if agg is None:
+                agg = self.rollups[key] = _Agg()
+            agg.add(sample)
+            self.dirty_rollups.add(key)
+        self.heard[node_id] = ts
+        self.samples_total += len(samples)
+
+    def ensure_running(self) -> None:
+        """Start the periodic flusher on the current event loop (once per loop)."""
+        loop = asyncio.get_running_loop()
+        if self._task is not None and self._loop is loop and not self._task.done():
+            return
+        self._loop = loop
+        self._task = loop.create_task(self._run())
+
+    async def _run(self) -> None:
+        interval = settings.FLEET["METRICS_FLUSH_SECONDS"]
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.flush()
+            except Exception:  # a failed flush must not stop later ones; the samples are retried
+                log.exception("metrics flush failed")
+
+    async def flush(self) -> int:
+        """Write what has been buffered; returns the number of GPUs whose latest sample was written."""
+        latest, self.latest = self.latest, {}
+        dirty, self.dirty_rollups = self.dirty_rollups, set()
+        rollups = {key: self.rollups[key] for key in dirty}
+        heard, self.heard = self.heard, {}
+        if not latest and not rollups and not heard:
+            return 0
+        try:
+            await database_sync_to_async(_write)(latest, rollups, heard)
+        except Exception:
+            # Put back what was not written (newer samples win) so the next flush retries it.
+            for k, v in latest.items():
+                self.latest.setdefault(k, v)
+            self.dirty_rollups |= dirty
+            for k, v in heard.items():
+                self.heard.setdefault(k, v)
+            raise
+        # Forget minutes that are over and written.
+        now_minute = int(max((ts for ts, _ in latest.values()), default=0) // 60) * 60
+        for key in [k for k in self.rollups if k[1] < now_minute - 60 and k not in self.dirty_rollups]:
+            del self.rollups[key]
+        return len(latest)
+
+
+def _dt(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=dt_timezone.utc)
+
+
+def _write(latest: dict, rollups: dict, heard: dict) -> None:
+    from django.db import transaction
+
+    from scheduler.models import Gpu, GpuMetricLatest, GpuMetricRollup
+    from scheduler.services.nodes import nodes_heartbeat
+
+    close_old_connections()
+    with transaction.atomic():
+        # GPUs may have been deleted since their samples arrived: write only those that still exist.
+        alive = set(Gpu.objects.filter(pk__in=set(latest) | {k[0] for k in rollups}).values_list("pk", flat=True))
+        GpuMetricLatest.objects.bulk_create(
+            [GpuMetricLatest(gpu_id=gid, at=_dt(ts), util=s["util"], mem_used_mib=s["mem_used_mib"],
+                             mem_total_mib=s["mem_total_mib"], temp_c=s["temp_c"], power_w=s["power_w"],
+                             sm_clock_mhz=s.get("sm_clock_mhz"), ecc_sbe=s.get("ecc_sbe"), ecc_dbe=s.get("ecc_dbe"))
+             for gid, (ts, s) in latest.items() if gid in alive],
+            update_conflicts=True, unique_fields=["gpu"],
+            update_fields=["at", "util", "mem_used_mib", "mem_total_mib", "temp_c", "power_w", "sm_clock_mhz",
+                           "ecc_sbe", "ecc_dbe"], batch_size=500)
+        rows = []
+        for (gid, minute), agg in rollups.items():
+            if gid not in alive:
+                continue
+            values = {}
+            for i, (_, col) in enumerate(ROLLUP_FIELDS):
+                values[f"{col}_min"] = agg.mins[i]
+                values[f"{col}_avg"] = agg.sums[i] / agg.n
+                values[f"{col}_max"] = agg.maxs[i]
+            rows.append(GpuMetricRollup(gpu_id=gid, minute=_dt(minute), samples=agg.n, **values))
+        GpuMetricRollup.objects.bulk_create(
+            rows, update_conflicts=True, unique_fields=["gpu", "minute"],
+            update_fields=["samples"] + [f"{col}_{k}" for _, col in ROLLUP_FIELDS for k in ("min", "avg", "max")],
+            batch_size=500)
+        if heard:
+            nodes_heartbeat(node_ids=heard.keys(), at=_dt(max(heard.values())))
+
+
+INGEST = MetricsIngest()

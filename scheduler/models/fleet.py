@@ -1,0 +1,176 @@
+"""The supply inventory: nodes (a provider's server running an agent), their GPUs and the slices on them."""
+import uuid
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+from scheduler.core import mig as core_mig
+
+
+class Node(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending", "waiting for its agent"
+        ONLINE = "online", "online"
+        OFFLINE = "offline", "offline"
+        DRAINING = "draining", "draining"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    provider = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="nodes", on_delete=models.PROTECT)
+    name = models.CharField(max_length=80)
+    region = models.CharField(max_length=40, default="eu-west")
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING, db_index=True)
+    # Only the hash of the agent token is kept; the token itself is shown once when issued.
+    token_hash = models.CharField(max_length=64, unique=True, editable=False)
+    token_prefix = models.CharField(max_length=12, editable=False, help_text="first characters, to recognise it")
+    hostname = models.CharField(max_length=255, blank=True)
+    driver_version = models.CharField(max_length=40, blank=True)
+    cuda_version = models.CharField(max_length=20, blank=True)
+    agent_version = models.CharField(max_length=40, blank=True)
+    backend = models.CharField(max_length=20, blank=True)
+    price_per_gpu_hour = models.DecimalField(max_digits=10, decimal_places=4, default=2,
+                                             help_text="provider's base price for one whole GPU-hour (USD)")
+    reliability = models.FloatField(default=1.0, help_text="share of time online since registration")
+    last_heartbeat = models.DateTimeField(null=True, blank=True, db_index=True)
+    connected_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["provider", "name"], name="node_unique_name_per_provider"),
+            models.CheckConstraint(condition=Q(price_per_gpu_hour__gte=0), name="node_price_nonnegative"),
+            models.CheckConstraint(condition=Q(reliability__gte=0) & Q(reliability__lte=1),
+                                   name="node_reliability_share"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Gpu(models.Model):
+    class Health(models.TextChoices):
+        HEALTHY = "healthy", "healthy"
+        DEGRADED = "degraded", "degraded"
+        CORDONED = "cordoned", "cordoned"
+
+    node = models.ForeignKey(Node, related_name="gpus", on_delete=models.CASCADE)
+    uuid = models.CharField(max_length=80, unique=True)
+    index = models.PositiveSmallIntegerField()
+    name = models.CharField(max_length=80, help_text="as the driver reports it")
+    gpu_model = models.ForeignKey("scheduler.GpuModel", null=True, blank=True, on_delete=models.PROTECT,
+                                  related_name="gpus")
+    memory_mib = models.PositiveIntegerField()
+    mig_enabled = models.BooleanField(default=False)
+    # The geometry the agent reported (MigGeometry.to_dict()); what the server plans with.
+    mig_geometry = models.JSONField(null=True, blank=True)
+    health = models.CharField(max_length=10, choices=Health.choices, default=Health.HEALTHY, db_index=True)
+    health_reason = models.CharField(max_length=200, blank=True)
+    present = models.BooleanField(default=True, help_text="false once the agent stops reporting this GPU")
+
+    class Meta:
+        ordering = ["node", "index"]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node")]
+
+    def __str__(self) -> str:
+        return f"{self.node.name}/gpu{self.index} ({self.name})"
+
+    def geometry(self) -> core_mig.MigGeometry | None:
+        if not self.mig_enabled or not self.mig_geometry:
+            return None
+        return core_mig.MigGeometry.from_dict(self.mig_geometry)
+
+
+class Slice(models.Model):
+    """What a lease runs on: a MIG GPU instance (profile + placement) or a whole GPU."""
+
+    class State(models.TextChoices):
+        CREATING = "creating", "creating"
+        READY = "ready", "ready"
+        DESTROYING = "destroying", "destroying"
+        DESTROYED = "destroyed", "destroyed"
+        FAILED = "failed", "failed"
+
+    ACTIVE_STATES = (State.CREATING, State.READY, State.DESTROYING)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    gpu = models.ForeignKey(Gpu, related_name="slices", on_delete=models.PROTECT)
+    profile = models.CharField(max_length=30, blank=True, help_text="MIG profile; empty = the whole GPU")
+    start = models.PositiveSmallIntegerField(default=0)
+    size = models.PositiveSmallIntegerField(default=0, help_text="memory slices held (0 for a whole non-MIG GPU)")
+    state = models.CharField(max_length=12, choices=State.choices, default=State.CREATING, db_index=True)
+    instance_uuid = models.CharField(max_length=80, blank=True, help_text="MIG device UUID once created")
+    error = models.CharField(max_length=300, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    ready_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["gpu", "start"]
+        constraints = [
+            models.UniqueConstraint(fields=["instance_uuid"], condition=~Q(instance_uuid=""),
+                                    name="slice_unique_instance_uuid"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.profile or 'whole GPU'}@{self.start} on {self.gpu}"
+
+    @property
+    def is_whole_gpu(self) -> bool:
+        return not self.profile
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        """What the buyer's process sets CUDA_VISIBLE_DEVICES to (a MIG UUID or the GPU UUID)."""
+        return self.instance_uuid or self.gpu.uuid
+
+
+class AgentCommand(models.Model):
+    """A command sent to a node's agent; idempotent by id on the agent, answered by a result."""
+
+    class State(models.TextChoices):
+        PENDING = "pending", "pending"
+        SENT = "sent", "sent"
+        SUCCEEDED = "succeeded", "succeeded"
+        FAILED = "failed", "failed"
+        TIMED_OUT = "timed_out", "timed out"
+
+    OPEN_STATES = (State.PENDING, State.SENT)
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    node = models.ForeignKey(Node, related_name="commands", on_delete=models.CASCADE)
+    slice = models.ForeignKey(Slice, null=True, blank=True, related_name="commands", on_delete=models.SET_NULL)
+    op = models.CharField(max_length=30)
+    args = models.JSONField(default=dict)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.PENDING, db_index=True)
+    result = models.JSONField(null=True, blank=True)
+    error_code = models.CharField(max_length=40, blank=True)
+    error_message = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+    completed_at = models.DateTimeField(null=True, blank=True)
+    deadline = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["state", "deadline"])]
+
+    def __str__(self) -> str:
+        return f"{self.op} → {self.node} ({self.state})"
+
+
+class HealthEvent(models.Model):
+    """What happened to a node or GPU: XIDs, threshold crossings, cordons, going offline."""
+
+    node = models.ForeignKey(Node, related_name="health_events", on_delete=models.CASCADE)
+    gpu = models.ForeignKey(Gpu, null=True, blank=True, related_name="health_events", on_delete=models.CASCADE)
+    kind = models.CharField(max_length=30, db_index=True)
+    message = models.CharField(max_length=300)
+    detail = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.message}"

@@ -1,0 +1,47 @@
+from django.db import models
+
+
+class GpuMetricRollup(models.Model):
+    """One minute of a GPU's samples: min/avg/max of each metric (written in batches by the gateway)."""
+
+    gpu = models.ForeignKey("scheduler.Gpu", related_name="rollups", on_delete=models.CASCADE)
+    minute = models.DateTimeField(help_text="start of the minute (UTC)")
+    samples = models.PositiveIntegerField()
+    util_min = models.FloatField()
+    util_avg = models.FloatField()
+    util_max = models.FloatField()
+    mem_used_min = models.FloatField()
+    mem_used_avg = models.FloatField()
+    mem_used_max = models.FloatField()
+    temp_min = models.FloatField()
+    temp_avg = models.FloatField()
+    temp_max = models.FloatField()
+    power_min = models.FloatField()
+    power_avg = models.FloatField()
+    power_max = models.FloatField()
+
+    class Meta:
+        ordering = ["gpu", "minute"]
+        constraints = [models.UniqueConstraint(fields=["gpu", "minute"], name="rollup_unique_gpu_minute")]
+
+    def __str__(self) -> str:
+        return f"{self.gpu_id} @ {self.minute:%Y-%m-%d %H:%M}"
+
+
+class GpuMetricLatest(models.Model):
+    """The latest sample of a GPU, upserted in batches by the gateway's flusher (one row per GPU)."""
+
+    gpu = models.OneToOneField("scheduler.Gpu", primary_key=True, related_name="latest",
+                               on_delete=models.CASCADE)
+    at = models.DateTimeField()
+    util = models.FloatField()
+    mem_used_mib = models.FloatField()
+    mem_total_mib = models.FloatField()
+    temp_c = models.FloatField()
+    power_w = models.FloatField()
+    sm_clock_mhz = models.FloatField(null=True, blank=True)
+    ecc_sbe = models.BigIntegerField(null=True, blank=True)
+    ecc_dbe = models.BigIntegerField(null=True, blank=True)
+
+    def __str__(self) -> str:
+        return f"{self.gpu_id} @ {self.at:%H:%M:%S}"

@@ -1,0 +1,65 @@
+"""Reads of the fleet, permission-restricted: a provider sees only its own nodes."""
+from __future__ import annotations
+
+from django.db.models import Count, Prefetch, Q, QuerySet
+
+from scheduler.core import mig as core_mig
+from scheduler.models import Gpu, HealthEvent, Node, Slice
+
+
+def node_list(*, user) -> QuerySet[Node]:
+    qs = Node.objects.annotate(
+        gpu_count=Count("gpus", filter=Q(gpus__present=True), distinct=True),
+        cordoned_count=Count("gpus", filter=Q(gpus__present=True, gpus__health=Gpu.Health.CORDONED), distinct=True),
+    ).select_related("provider").order_by("name")
+    return qs if user.is_staff else qs.filter(provider=user)
+
+
+def node_get(*, user, node_id) -> Node:
+    return node_list(user=user).get(pk=node_id)
+
+
+def gpu_list(*, user) -> QuerySet[Gpu]:
+    qs = Gpu.objects.filter(present=True).select_related("node", "gpu_model", "latest").order_by("node__name", "index")
+    return qs if user.is_staff else qs.filter(node__provider=user)
+
+
+def node_gpus(*, node: Node) -> list[Gpu]:
+    """The node's GPUs with their active slices and latest metrics, in 3 queries."""
+    active = Slice.objects.filter(state__in=Slice.ACTIVE_STATES).order_by("start")
+    return list(node.gpus.filter(present=True).select_related("gpu_model", "latest")
+                .prefetch_related(Prefetch("slices", queryset=active, to_attr="active_slices")).order_by("index"))
+
+
+def gpu_layout(gpu: Gpu) -> list[dict]:
+    """The memory-slice picture of a GPU: one cell per memory slice, which instance holds it.
+
+    Uses `gpu.active_slices` when prefetched. A non-MIG GPU is one cell.
+    """
+    slices = getattr(gpu, "active_slices", None)
+    if slices is None:
+        slices = list(gpu.slices.filter(state__in=Slice.ACTIVE_STATES).order_by("start"))
+    geometry = gpu.geometry()
+    if geometry is None:
+        holder = slices[0] if slices else None
+        return [{"index": 0, "span": 1, "slice": holder, "label": "whole GPU" if holder else "free"}]
+    owners = core_mig.occupancy(geometry, [core_mig.Instance(s.profile, s.start) for s in slices])
+    cells, i = [], 0
+    while i < len(owners):
+        owner = owners[i]
+        j = i
+        while j + 1 < len(owners) and owners[j + 1] == owner and owner is not None:
+            j += 1
+        sl = slices[owner] if owner is not None else None
+        cells.append({"index": i, "span": j - i + 1, "slice": sl, "label": sl.profile if sl else "free"})
+        i = j + 1
+    return cells
+
+
+def node_events(*, node: Node, limit: int = 20) -> list[HealthEvent]:
+    return list(node.health_events.select_related("gpu").order_by("-created_at")[:limit])
+
+
+def slice_list(*, user) -> QuerySet[Slice]:
+    qs = Slice.objects.select_related("gpu__node").order_by("-created_at")
+    return qs if user.is_staff else qs.filter(gpu__node__provider=user)

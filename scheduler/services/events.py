@@ -1,0 +1,34 @@
+"""Announcements to live subscribers over the channel layer (always called after commit)."""
+from __future__ import annotations
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+
+
+def node_group(node_id) -> str:
+    """Console subscribers of one node (its metrics, status and layout changes)."""
+    return f"console.node.{node_id}"
+
+
+def agent_group(node_id) -> str:
+    """The agent connection(s) of one node: commands go here."""
+    return f"agent.{node_id}"
+
+
+def _send(group: str, message: dict) -> None:
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    async_to_sync(layer.group_send)(group, message)
+
+
+def announce_node(node_id, change: dict) -> None:
+    _send(node_group(node_id), {"type": "node.changed", "node": str(node_id), "change": change})
+
+
+def send_to_agent(node_id, frame: dict) -> None:
+    _send(agent_group(node_id), {"type": "agent.command", "frame": frame})
+
+
+def tell_agent_uncordoned(node_id, gpu_uuid: str) -> None:
+    _send(agent_group(node_id), {"type": "agent.resync", "gpu_uuid": gpu_uuid})

@@ -1,0 +1,73 @@
+"""GPU health: thresholds that cordon a GPU, and cordon/uncordon by operators."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import transaction
+
+from scheduler.models import Gpu, HealthEvent
+
+from .events import announce_node, tell_agent_uncordoned
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    max_temperature_c: float
+    max_ecc_dbe: int
+    cordon_xids: frozenset[int]
+
+    @classmethod
+    def from_settings(cls) -> "Thresholds":
+        f = settings.FLEET
+        return cls(f["MAX_TEMPERATURE_C"], f["MAX_ECC_DBE"], frozenset(f["CORDON_XIDS"]))
+
+
+def sample_violations(sample: dict, thresholds: Thresholds, *, previous_dbe: float | None) -> list[str]:
+    """Why this metrics sample should cordon its GPU (empty: healthy). Pure.
+
+    ECC double-bit errors count when they pass the threshold and grew since the previous sample (or on
+    the first sample seen), so an operator's uncordon holds until new errors arrive.
+    """
+    reasons = []
+    temp = sample.get("temp_c")
+    if temp is not None and temp >= thresholds.max_temperature_c:
+        reasons.append(f"temperature {temp:.0f} °C ≥ {thresholds.max_temperature_c:.0f} °C")
+    dbe = sample.get("ecc_dbe")
+    if dbe is not None and dbe > thresholds.max_ecc_dbe and (previous_dbe is None or dbe > previous_dbe):
+        reasons.append(f"{int(dbe)} uncorrectable ECC errors")
+    bad_xids = sorted({x for x in sample.get("xid") or () if x in thresholds.cordon_xids})
+    if bad_xids:
+        reasons.append("XID " + ", ".join(map(str, bad_xids)))
+    return reasons
+
+
+def gpu_cordon(*, gpu_id: int, reason: str, by: str = "health check") -> bool:
+    """Cordon a GPU (no new work is placed on it); True if it changed. Idempotent."""
+    with transaction.atomic():
+        changed = Gpu.objects.filter(pk=gpu_id).exclude(health=Gpu.Health.CORDONED).update(
+            health=Gpu.Health.CORDONED, health_reason=f"{reason} ({by})"[:200])
+        if changed:
+            gpu = Gpu.objects.select_related("node").get(pk=gpu_id)
+            HealthEvent.objects.create(node=gpu.node, gpu=gpu, kind="cordon", message=f"cordoned: {reason}",
+                                       detail={"by": by})
+            transaction.on_commit(lambda: announce_node(gpu.node_id, {"gpu": gpu.uuid, "health": "cordoned"}))
+    return bool(changed)
+
+
+def gpu_uncordon(*, gpu_id: int, by: str = "operator") -> bool:
+    with transaction.atomic():
+        changed = Gpu.objects.filter(pk=gpu_id).exclude(health=Gpu.Health.HEALTHY).update(
+            health=Gpu.Health.HEALTHY, health_reason="")
+        if changed:
+            gpu = Gpu.objects.select_related("node").get(pk=gpu_id)
+            HealthEvent.objects.create(node=gpu.node, gpu=gpu, kind="uncordon", message=f"uncordoned by {by}")
+            transaction.on_commit(lambda: announce_node(gpu.node_id, {"gpu": gpu.uuid, "health": "healthy"}))
+            transaction.on_commit(lambda: tell_agent_uncordoned(gpu.node_id, gpu.uuid))
+    return bool(changed)
+
+
+def health_event_record(*, node_id, gpu_uuid: str | None, kind: str, message: str, detail: dict) -> None:
+    """Record an agent-reported event (XID, fault); a GPU uuid of another node is ignored."""
+    gpu = Gpu.objects.filter(node_id=node_id, uuid=gpu_uuid).first() if gpu_uuid else None
+    HealthEvent.objects.create(node_id=node_id, gpu=gpu, kind=kind[:30], message=message[:300], detail=detail)

@@ -1,0 +1,196 @@
+"""Services that write nodes: registration, the agent's hello (inventory upsert), heartbeats, offline, drain."""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from scheduler.core import gpus as core_gpus
+from scheduler.core import mig as core_mig
+from scheduler.errors import Conflict, DomainError, PermissionDenied
+from scheduler.models import Gpu, GpuModel, HealthEvent, Node, Slice
+
+from .events import announce_node
+from .tokens import token_hash, token_new
+
+MAX_NAME = 80
+
+
+def node_register(*, provider, name: str, region: str = "eu-west",
+                  price_per_gpu_hour: Decimal | str | None = None) -> tuple[Node, str]:
+    """Create a node for `provider`; returns the node and its agent token (shown once, only its hash is kept)."""
+    name = (name or "").strip()
+    if not name or len(name) > MAX_NAME:
+        raise DomainError(f"a node needs a name of 1 to {MAX_NAME} characters", field="name")
+    region = (region or "").strip()
+    if not region or len(region) > 40:
+        raise DomainError("a node needs a region of 1 to 40 characters", field="region")
+    price = Decimal("2.00") if price_per_gpu_hour in (None, "") else _price(price_per_gpu_hour)
+    token = token_new()
+    try:
+        with transaction.atomic():
+            node = Node.objects.create(provider=provider, name=name, region=region, price_per_gpu_hour=price,
+                                       token_hash=token_hash(token), token_prefix=token[:12])
+    except IntegrityError:
+        raise Conflict(f"you already have a node named {name!r}", field="name") from None
+    return node, token
+
+
+def _price(value) -> Decimal:
+    try:
+        price = Decimal(str(value))
+    except Exception:
+        raise DomainError("price_per_gpu_hour must be a decimal number", field="price_per_gpu_hour") from None
+    if not price.is_finite() or price < 0 or price > Decimal("1000"):
+        raise DomainError("price_per_gpu_hour must be between 0 and 1000", field="price_per_gpu_hour")
+    return price.quantize(Decimal("0.0001"))
+
+
+def node_rotate_token(*, node: Node) -> str:
+    """Issue a new agent token for `node`; the old one stops working at once."""
+    token = token_new()
+    Node.objects.filter(pk=node.pk).update(token_hash=token_hash(token), token_prefix=token[:12])
+    node.token_hash, node.token_prefix = token_hash(token), token[:12]
+    return token
+
+
+def node_for_token(*, token: str) -> Node | None:
+    if not token or len(token) > 200:
+        return None
+    return Node.objects.filter(token_hash=token_hash(token)).first()
+
+
+def node_hello(*, node_id, frame: dict) -> Node:
+    """Apply an agent's hello (already validated by nodeagent.protocol): node facts and its GPU inventory.
+
+    The geometry the agent reports is what the server plans with. A GPU uuid that belongs to another
+    node is refused and nothing is written: an agent can never write another node's records.
+    """
+    now = timezone.now()
+    reported = {g["uuid"]: g for g in frame["gpus"]}
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node_id)
+        foreign = Gpu.objects.filter(uuid__in=reported).exclude(node=node).values_list("uuid", flat=True)
+        if foreign:
+            raise PermissionDenied(f"GPU {sorted(foreign)[0]} belongs to another node", code="forbidden")
+        geometries = {uuid: _geometry_of(g) for uuid, g in reported.items()}
+        node.hostname = frame["hostname"][:255]
+        node.driver_version = frame["driver_version"][:40]
+        node.cuda_version = frame["cuda_version"][:20]
+        node.agent_version = frame["agent_version"][:40]
+        node.backend = frame["backend"][:20]
+        if node.status != Node.Status.DRAINING:
+            node.status = Node.Status.ONLINE
+        node.connected_at = node.last_heartbeat = now
+        node.save()
+        models_by_key = {m.key: m for m in GpuModel.objects.all()}
+        existing = {g.uuid: g for g in Gpu.objects.filter(node=node)}
+        for uuid, g in reported.items():
+            key = g.get("model") or core_gpus.key_for_nvml_name(g["name"])
+            gpu = existing.get(uuid) or Gpu(node=node, uuid=uuid)
+            gpu.index = int(g["index"])
+            gpu.name = g["name"][:80]
+            gpu.gpu_model = models_by_key.get(key or "")
+            gpu.memory_mib = int(g["memory_mib"])
+            gpu.mig_enabled = bool(g["mig_enabled"]) and geometries[uuid] is not None
+            gpu.mig_geometry = geometries[uuid].to_dict() if geometries[uuid] else None
+            gpu.present = True
+            _save_gpu_index_safely(gpu)
+            _reconcile_instances(gpu=gpu, geometry=geometries[uuid], reported=g.get("instances") or [], now=now)
+        Gpu.objects.filter(node=node).exclude(uuid__in=reported).update(present=False)
+        HealthEvent.objects.create(node=node, kind="connected",
+                                   message=f"agent {node.agent_version} ({node.backend}) connected with "
+                                           f"{len(reported)} GPUs")
+    transaction.on_commit(lambda: announce_node(node.pk, {"status": node.status}))
+    return node
+
+
+def _save_gpu_index_safely(gpu: Gpu) -> None:
+    # Indices may move between GPUs across reboots, and (node, index) is unique.
+    clash = Gpu.objects.filter(node=gpu.node, index=gpu.index).exclude(uuid=gpu.uuid).first()
+    if clash is not None:
+        # The GPU that held this index is gone or renumbered: park it on a free high index.
+        used = set(Gpu.objects.filter(node=gpu.node).values_list("index", flat=True))
+        clash.index = next(i for i in range(1000, 2000) if i not in used)
+        clash.save(update_fields=["index"])
+    gpu.save()
+
+
+def _geometry_of(g: dict) -> core_mig.MigGeometry | None:
+    if not g.get("mig_enabled") or not g.get("mig"):
+        return None
+    try:
+        return core_mig.MigGeometry.from_dict(g["mig"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DomainError(f"GPU {g['uuid']}: MIG geometry is not valid: {exc}", code="bad_frame") from None
+
+
+def _reconcile_instances(*, gpu: Gpu, geometry, reported: list[dict], now: datetime) -> None:
+    """Make the server's slices agree with the instances the agent found on the GPU."""
+    seen = {i["uuid"]: i for i in reported}
+    active = Slice.objects.filter(gpu=gpu, state__in=Slice.ACTIVE_STATES)
+    for sl in active:
+        if sl.instance_uuid and sl.instance_uuid not in seen and sl.state == Slice.State.READY:
+            sl.state, sl.ended_at = Slice.State.FAILED, now
+            sl.error = "instance not reported by the agent after reconnecting"
+            sl.save(update_fields=["state", "ended_at", "error"])
+    known = set(active.exclude(instance_uuid="").values_list("instance_uuid", flat=True))
+    for uuid, inst in seen.items():
+        if uuid in known or geometry is None or not geometry.has_profile(inst["profile"]):
+            continue
+        # An instance we did not create (made by hand on the host): adopt it so it is planned around.
+        Slice.objects.create(gpu=gpu, profile=inst["profile"], start=int(inst["start"]),
+                             size=geometry.profile(inst["profile"]).memory_slices, state=Slice.State.READY,
+                             instance_uuid=uuid, ready_at=now, error="adopted: found on the GPU")
+
+
+def nodes_heartbeat(*, node_ids, at: datetime) -> int:
+    """Record that these nodes were heard from (one UPDATE for a whole flush); a node that was marked
+    offline but is sending again comes back online."""
+    ids = list(node_ids)
+    Node.objects.filter(pk__in=ids, status=Node.Status.OFFLINE).update(status=Node.Status.ONLINE)
+    return Node.objects.filter(pk__in=ids).update(last_heartbeat=at)
+
+
+def node_disconnected(*, node_id) -> None:
+    """The agent's socket closed: the node stays as it is until the heartbeat timeout says otherwise."""
+    HealthEvent.objects.create(node_id=node_id, kind="disconnected", message="agent socket closed")
+
+
+def nodes_mark_offline(*, now: datetime | None = None) -> list:
+    """Mark online or draining nodes silent past the heartbeat timeout offline; returns their ids."""
+    now = now or timezone.now()
+    cutoff = now - timedelta(seconds=settings.FLEET["HEARTBEAT_TIMEOUT_SECONDS"])
+    with transaction.atomic():
+        stale = list(Node.objects.select_for_update(skip_locked=True)
+                     .filter(status__in=[Node.Status.ONLINE, Node.Status.DRAINING], last_heartbeat__lt=cutoff)
+                     .values_list("pk", flat=True))
+        if not stale:
+            return []
+        Node.objects.filter(pk__in=stale).update(status=Node.Status.OFFLINE)
+        HealthEvent.objects.bulk_create([
+            HealthEvent(node_id=pk, kind="offline",
+                        message=f"no heartbeat for {settings.FLEET['HEARTBEAT_TIMEOUT_SECONDS']:g} s")
+            for pk in stale])
+    for pk in stale:
+        transaction.on_commit(lambda pk=pk: announce_node(pk, {"status": Node.Status.OFFLINE}))
+    return stale
+
+
+def node_drain(*, node: Node) -> Node:
+    """Stop placing new work on `node`; running slices stay until their leases end."""
+    Node.objects.filter(pk=node.pk).exclude(status=Node.Status.DRAINING).update(status=Node.Status.DRAINING)
+    node.refresh_from_db()
+    HealthEvent.objects.create(node=node, kind="drain", message="node set to draining")
+    transaction.on_commit(lambda: announce_node(node.pk, {"status": node.status}))
+    return node
+
+
+def node_undrain(*, node: Node) -> Node:
+    Node.objects.filter(pk=node.pk, status=Node.Status.DRAINING).update(status=Node.Status.ONLINE)
+    node.refresh_from_db()
+    transaction.on_commit(lambda: announce_node(node.pk, {"status": node.status}))
+    return node

@@ -1,0 +1,130 @@
+"""Slices: carving a MIG instance (or taking a whole GPU) on a concrete GPU, and destroying it.
+
+Capacity is claimed under a row lock on the GPU, so two concurrent requests can never be given
+overlapping memory slices; the agent carves the instance after commit and its result makes it ready.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import transaction
+from django.utils import timezone
+
+from scheduler.core import mig as core_mig
+from scheduler.errors import Conflict, DomainError
+from scheduler.models import AgentCommand, Gpu, Node, Slice
+
+from .commands import command_issue
+from .events import announce_node
+
+
+def gpu_instances(gpu: Gpu) -> list[core_mig.Instance]:
+    """The MIG instances that hold memory slices on `gpu` now (active slices)."""
+    return [core_mig.Instance(s.profile, s.start)
+            for s in gpu.slices.filter(state__in=Slice.ACTIVE_STATES).exclude(profile="")]
+
+
+def slice_create(*, gpu_id: int, profile: str | None, start: int | None = None) -> Slice:
+    """Claim a slice (MIG `profile` at `start`, or the whole GPU when profile is None) and tell the agent.
+
+    Raises DomainError with the geometry's reason when the placement is not legal now.
+    """
+    with transaction.atomic():
+        # Lock the GPU row: the race is two requests reading the same free slots and both claiming them.
+        gpu = Gpu.objects.select_for_update().select_related("node").get(pk=gpu_id)
+        _check_gpu_usable(gpu)
+        active = list(gpu.slices.filter(state__in=Slice.ACTIVE_STATES))
+        if profile:
+            geometry = gpu.geometry()
+            if geometry is None:
+                raise DomainError(f"{gpu} has MIG off; it can only be rented whole", field="profile")
+            if not geometry.has_profile(profile):
+                raise DomainError(f"{profile!r} is not a MIG profile of {gpu.name}; known: "
+                                  f"{', '.join(p.name for p in geometry.profiles)}", field="profile")
+            if any(s.is_whole_gpu for s in active):
+                raise Conflict(f"{gpu} is rented whole")
+            if start is None:
+                starts = core_mig.legal_starts(geometry, [core_mig.Instance(s.profile, s.start) for s in active],
+                                               profile)
+                if not starts:
+                    raise Conflict(f"no legal placement for {profile} on {gpu}", code="no_placement")
+                start = starts[0]
+            reason = core_mig.why_not(geometry, [core_mig.Instance(s.profile, s.start) for s in active],
+                                      profile, start)
+            if reason:
+                raise Conflict(reason, code="illegal_placement", field="start")
+            sl = Slice.objects.create(gpu=gpu, profile=profile, start=start,
+                                      size=geometry.profile(profile).memory_slices)
+            command_issue(node=gpu.node, op="create_instance", slice=sl,
+                          args={"gpu_uuid": gpu.uuid, "profile": profile, "start": start})
+        else:
+            if active:
+                raise Conflict(f"{gpu} has {len(active)} active slices; a whole-GPU slice needs it empty")
+            geometry = gpu.geometry()
+            if geometry is not None:
+                # A whole MIG GPU is its full-size instance (7g on A100/H100), so MIG stays on.
+                full = geometry.full_profile
+                sl = Slice.objects.create(gpu=gpu, profile=full.name, start=0, size=full.memory_slices)
+                command_issue(node=gpu.node, op="create_instance", slice=sl,
+                              args={"gpu_uuid": gpu.uuid, "profile": full.name, "start": 0})
+            else:
+                # A non-MIG GPU needs nothing carved: it is ready at once and its UUID is the device.
+                sl = Slice.objects.create(gpu=gpu, profile="", start=0, size=0, state=Slice.State.READY,
+                                          ready_at=timezone.now())
+    transaction.on_commit(lambda: announce_node(gpu.node_id, {"slice": str(sl.pk), "state": sl.state}))
+    return sl
+
+
+def _check_gpu_usable(gpu: Gpu) -> None:
+    if gpu.node.status != Node.Status.ONLINE:
+        raise Conflict(f"node {gpu.node} is {gpu.node.status}", code="node_unavailable")
+    if gpu.health == Gpu.Health.CORDONED:
+        raise Conflict(f"{gpu} is cordoned: {gpu.health_reason}", code="gpu_cordoned")
+    if not gpu.present:
+        raise Conflict(f"{gpu} is no longer reported by its agent", code="gpu_missing")
+
+
+def slice_destroy(*, slice_id) -> Slice:
+    """Destroy a slice's instance; it releases its memory slices when the agent confirms. Idempotent."""
+    with transaction.atomic():
+        sl = Slice.objects.select_for_update().select_related("gpu__node").get(pk=slice_id)
+        if sl.state in (Slice.State.DESTROYED, Slice.State.FAILED, Slice.State.DESTROYING):
+            return sl
+        if sl.instance_uuid and sl.profile:
+            sl.state = Slice.State.DESTROYING
+            sl.save(update_fields=["state"])
+            command_issue(node=sl.gpu.node, op="destroy_instance", slice=sl,
+                          args={"gpu_uuid": sl.gpu.uuid, "instance_uuid": sl.instance_uuid})
+        else:
+            # Nothing carved (a whole non-MIG GPU, or creation still pending): released at once. A
+            # still-pending create is answered later; its result then destroys the orphan instance.
+            sl.state, sl.ended_at = Slice.State.DESTROYED, timezone.now()
+            sl.save(update_fields=["state", "ended_at"])
+    transaction.on_commit(lambda: announce_node(sl.gpu.node_id, {"slice": str(sl.pk), "state": sl.state}))
+    return sl
+
+
+def slice_command_finished(*, command: AgentCommand, at: datetime) -> None:
+    """Apply a create/destroy result to its slice (called under the command's row lock)."""
+    sl = Slice.objects.select_for_update().select_related("gpu__node").get(pk=command.slice_id)
+    ok = command.state == AgentCommand.State.SUCCEEDED
+    if command.op == "create_instance":
+        if ok and sl.state == Slice.State.CREATING:
+            sl.state, sl.ready_at = Slice.State.READY, at
+            sl.instance_uuid = str(command.result.get("instance_uuid", ""))[:80]
+        elif ok:
+            # The slice was given up while the agent was carving: destroy what it made.
+            command_issue(node=sl.gpu.node, op="destroy_instance",
+                          args={"gpu_uuid": sl.gpu.uuid, "instance_uuid": command.result.get("instance_uuid", "")})
+            return
+        elif sl.state == Slice.State.CREATING:
+            sl.state, sl.ended_at = Slice.State.FAILED, at
+            sl.error = f"{command.error_code}: {command.error_message}"[:300]
+        sl.save()
+    elif command.op == "destroy_instance":
+        # not_found means the instance is already gone: the capacity is free either way.
+        if ok or command.error_code == "not_found":
+            sl.state, sl.ended_at = Slice.State.DESTROYED, at
+        else:
+            sl.error = f"destroy failed: {command.error_code}: {command.error_message}"[:300]
+        sl.save()

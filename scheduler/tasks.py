@@ -1,0 +1,15 @@
+"""Celery beat tasks of the fleet; each is a thin call of a service and safe to run twice."""
+from celery import shared_task
+
+from scheduler.services import commands as command_services
+from scheduler.services import nodes as node_services
+
+
+@shared_task(name="fleet.mark_silent_nodes_offline")
+def mark_silent_nodes_offline() -> int:
+    return len(node_services.nodes_mark_offline())
+
+
+@shared_task(name="fleet.expire_commands")
+def expire_commands() -> int:
+    return command_services.commands_expire()

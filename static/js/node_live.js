@@ -1,0 +1,89 @@
+// Live charts of a node's GPUs over the console websocket; one uPlot chart per metric, one line per GPU.
+(function () {
+  "use strict";
+  const root = document.getElementById("charts");
+  if (!root || !window.uPlot) return;
+  const nodeId = root.dataset.node;
+  const stateEl = document.getElementById("live-state");
+  const WINDOW = 120; // seconds kept on screen
+  const palette = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777",
+                   "#4b5563", "#65a30d", "#7c3aed", "#0d9488"];
+  const metrics = {
+    util: (g) => g.util,
+    mem: (g) => g.mem_used_mib / 1024,
+    temp: (g) => g.temp_c,
+    power: (g) => g.power_w,
+  };
+  const charts = {};
+  let gpuOrder = []; // uuids in series order
+  const times = [];
+  const series = {}; // metric -> array per gpu of values
+
+  function build() {
+    for (const el of root.querySelectorAll(".chart")) {
+      const metric = el.dataset.metric;
+      const opts = {
+        width: Math.max(260, el.clientWidth || 300), height: 170,
+        legend: { show: gpuOrder.length <= 8 },
+        scales: { x: { time: true } },
+        axes: [{ stroke: "#64748b" }, { stroke: "#64748b", size: 48 }],
+        series: [{}].concat(gpuOrder.map((u, i) => ({ label: "gpu" + i, stroke: palette[i % palette.length], width: 1.5 }))),
+      };
+      if (charts[metric]) charts[metric].destroy();
+      el.innerHTML = "";
+      charts[metric] = new uPlot(opts, [times].concat(series[metric]), el);
+    }
+  }
+
+  function onMetrics(msg) {
+    const uuids = msg.gpus.map((g) => g.uuid);
+    if (uuids.join() !== gpuOrder.join()) {
+      gpuOrder = uuids;
+      times.length = 0;
+      for (const m in metrics) series[m] = gpuOrder.map(() => []);
+      build();
+    }
+    times.push(msg.ts);
+    msg.gpus.forEach((g, i) => { for (const m in metrics) series[m][i].push(metrics[m](g)); });
+    while (times.length && times[0] < msg.ts - WINDOW) {
+      times.shift();
+      for (const m in metrics) series[m].forEach((arr) => arr.shift());
+    }
+    for (const m in metrics) charts[m].setData([times].concat(series[m]));
+    for (const g of msg.gpus) {
+      const row = document.querySelector('tr[data-gpu="' + g.uuid + '"]');
+      if (!row) continue;
+      row.querySelector('[data-field="util"]').textContent = Math.round(g.util) + "%";
+      row.querySelector('[data-field="mem"]').textContent = Math.round(g.mem_used_mib) + " / " + Math.round(g.mem_total_mib) + " MiB";
+      row.querySelector('[data-field="temp"]').textContent = Math.round(g.temp_c) + " °C";
+      row.querySelector('[data-field="power"]').textContent = Math.round(g.power_w) + " W";
+    }
+    root.dataset.samples = String(times.length);
+  }
+
+  let retry = 500;
+  function connect() {
+    const proto = location.protocol === "https:" ? "wss://" : "ws://";
+    const ws = new WebSocket(proto + location.host + "/ws/console/");
+    ws.onopen = () => { retry = 500; ws.send(JSON.stringify({ subscribe: { node: nodeId } })); };
+    ws.onmessage = (ev) => {
+      const msg = JSON.parse(ev.data);
+      if (msg.type === "subscribed") stateEl.textContent = "live";
+      else if (msg.type === "metrics") onMetrics(msg);
+      else if (msg.type === "changed") {
+        if (msg.change && msg.change.status) {
+          const pill = document.getElementById("node-status");
+          pill.textContent = msg.change.status; pill.className = "pill " + msg.change.status;
+        }
+        document.body.dispatchEvent(new Event("fleet-changed"));
+      } else if (msg.type === "error") stateEl.textContent = msg.message;
+    };
+    ws.onclose = () => {
+      stateEl.textContent = "reconnecting…";
+      setTimeout(connect, retry + Math.random() * retry);
+      retry = Math.min(retry * 2, 15000);
+    };
+  }
+  connect();
+  window.addEventListener("resize", () => { if (gpuOrder.length) build(); });
+})();
