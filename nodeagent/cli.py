@@ -1,0 +1,120 @@
+"""Command line of `python -m nodeagent`: strict flags, backend choice, logging, signals."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import math
+import os
+import signal
+import sys
+from urllib.parse import urlparse
+
+from . import __version__
+from .backends.base import Backend
+
+EXIT_USAGE = 2
+EXIT_NO_NVML = 2
+
+log = logging.getLogger("nodeagent")
+
+
+def _server_url(text: str) -> str:
+    url = urlparse(text)
+    if url.scheme not in ("ws", "wss") or not url.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a ws:// or wss:// URL (e.g. ws://HOST:8000/ws/agent/)")
+    try:
+        url.port
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} has a bad port") from None
+    return text
+
+
+def _interval(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or not 0.05 <= value <= 3600:
+        raise argparse.ArgumentTypeError(f"interval must be between 0.05 and 3600 seconds, not {text}")
+    return value
+
+
+def _simulate_spec(text: str) -> list[tuple[str, int]]:
+    from .backends.simulated import SimulateSpecError, parse_simulate_spec
+    try:
+        return parse_simulate_spec(text)
+    except SimulateSpecError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _hostname(text: str) -> str:
+    if not text or len(text) > 253 or any(c.isspace() for c in text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a host name")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m nodeagent",
+        description="GPU Market node agent: reports this server's GPUs, carves MIG slices on command and "
+                    "streams metrics to the marketplace.")
+    parser.add_argument("--server", type=_server_url, required=True,
+                        help="agent gateway URL, e.g. ws://HOST:8000/ws/agent/")
+    parser.add_argument("--token", default=None,
+                        help="this node's agent token (default: $NODEAGENT_TOKEN; prefer the variable, "
+                             "command lines are visible to other users)")
+    parser.add_argument("--simulate", type=_simulate_spec, metavar="MODEL:COUNT[,MODEL:COUNT...]",
+                        help="run a simulated machine instead of NVML, e.g. h100-80gb:8,l4:2")
+    parser.add_argument("--hostname", type=_hostname, help="name to report (default: this machine's)")
+    parser.add_argument("--interval", type=_interval, default=1.0,
+                        help="seconds between metrics frames until the server's welcome says otherwise")
+    parser.add_argument("--seed", type=int, help="random seed of the simulated backend (reproducible runs)")
+    parser.add_argument("--log-level", default="INFO", type=str.upper,
+                        choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO")
+    parser.add_argument("--version", action="version", version=f"nodeagent {__version__}")
+    return parser
+
+
+def make_backend(args: argparse.Namespace) -> Backend:
+    """The simulated backend when asked for, else NVML (raises NvmlUnavailable without a driver)."""
+    if args.simulate:
+        from .backends.simulated import SimulatedBackend
+        return SimulatedBackend(args.simulate, hostname=args.hostname, seed=args.seed)
+    from .backends.nvml import NvmlBackend
+    return NvmlBackend(hostname=args.hostname)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    token = args.token if args.token is not None else os.environ.get("NODEAGENT_TOKEN", "")
+    if not token.strip():
+        parser.error("no token: pass --token or set NODEAGENT_TOKEN")
+    if args.seed is not None and not args.simulate:
+        parser.error("--seed only applies with --simulate")
+    logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from .backends.nvml import NvmlUnavailable
+    try:
+        backend = make_backend(args)
+    except NvmlUnavailable as exc:
+        print(f"NVML is not available on this machine ({exc}): run on a GPU server or use "
+              f"--simulate MODEL:COUNT", file=sys.stderr)
+        return EXIT_NO_NVML
+    try:
+        return asyncio.run(_serve(backend, server=args.server, token=token.strip(), interval=args.interval))
+    finally:
+        backend.close()
+
+
+async def _serve(backend: Backend, *, server: str, token: str, interval: float) -> int:
+    from .client import Agent
+    agent = Agent(backend, server=server, token=token, interval=interval)
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, agent.stop)
+        except (NotImplementedError, RuntimeError):  # not on this platform / not the main thread
+            pass
+    return await agent.run()

@@ -1,0 +1,222 @@
+"""The agent's websocket client: handshake, one metrics frame per interval, commands, reconnects.
+
+One asyncio process. Backend calls may block (NVML talks to the driver), so they run in threads. The
+connection is retried forever with jittered exponential backoff, except when the server says the token is
+not accepted (close code 4401/4403, or HTTP 401/403 on the handshake): retrying cannot fix that, so the
+agent stops with a clear message and a non-zero exit.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
+
+from . import __version__, protocol
+from .backends.base import Backend
+from .backoff import Backoff
+from .commands import CommandLog
+
+log = logging.getLogger(__name__)
+
+CLOSE_BAD_FRAME = 4400
+CLOSE_UNAUTHORISED = 4401
+CLOSE_FORBIDDEN = 4403
+EXIT_OK = 0
+EXIT_REJECTED = 3  # the server refused this agent's token
+
+
+class AgentRejected(Exception):
+    """The server will not accept this agent (bad token, or a node it may not speak for)."""
+
+
+def _close_code(exc: ConnectionClosed) -> int | None:
+    return exc.rcvd.code if exc.rcvd is not None else None
+
+
+class Agent:
+    def __init__(self, backend: Backend, *, server: str, token: str, interval: float = 1.0,
+                 backoff: Backoff | None = None, welcome_timeout: float = 15.0):
+        self.backend = backend
+        self.server = server
+        self.token = token
+        self.interval = interval
+        self.backoff = backoff or Backoff()
+        self.welcome_timeout = welcome_timeout
+        self.commands = CommandLog(backend)
+        self.node_id: str | None = None
+        self.sessions = 0  # successful handshakes (tests watch reconnects with it)
+        self.metrics_sent = 0
+        self._stop = asyncio.Event()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self) -> int:
+        """Connect and serve until stopped (exit 0) or rejected by the server (EXIT_REJECTED)."""
+        while not self._stop.is_set():
+            try:
+                await self._until_stopped(self._connect_once())
+            except AgentRejected as exc:
+                log.error("server rejected this agent: %s; check --token / NODEAGENT_TOKEN", exc)
+                return EXIT_REJECTED
+            except InvalidStatus as exc:
+                status = exc.response.status_code
+                if status in (401, 403):
+                    log.error("server rejected this agent (HTTP %d on the websocket handshake); "
+                              "check --token / NODEAGENT_TOKEN", status)
+                    return EXIT_REJECTED
+                log.warning("cannot connect to %s: HTTP %d", self.server, status)
+            except ConnectionClosed as exc:
+                log.warning("disconnected from %s (close code %s)", self.server, _close_code(exc))
+            except (OSError, InvalidHandshake, TimeoutError, protocol.ProtocolError) as exc:
+                log.warning("cannot reach %s: %s", self.server, exc or type(exc).__name__)
+            if self._stop.is_set():
+                break
+            delay = self.backoff.next_delay()
+            log.info("reconnecting in %.1fs", delay)
+            await self._until_stopped(asyncio.sleep(delay))
+        return EXIT_OK
+
+    async def _until_stopped(self, coro: Any) -> None:
+        """Run `coro` until it ends or stop() is called, whichever is first."""
+        task = asyncio.ensure_future(coro)
+        stopper = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({task, stopper}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopper.cancel()
+            if not task.done():
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        if task.done() and not task.cancelled():
+            task.result()  # re-raise what ended the session
+
+    async def _connect_once(self) -> None:
+        headers = {"Authorization": f"Bearer {self.token}"}
+        async with connect(self.server, additional_headers=headers, max_size=protocol.MAX_FRAME_BYTES,
+                           open_timeout=10, user_agent_header=f"gpumarket-nodeagent/{__version__}") as ws:
+            try:
+                await self._session(ws)
+            except ConnectionClosed as exc:
+                self._check_rejected(_close_code(exc), exc.rcvd.reason if exc.rcvd else "")
+                raise
+            # The server closed cleanly (the receive loop ended): still a disconnect to recover from.
+            self._check_rejected(ws.close_code, ws.close_reason or "")
+            log.warning("disconnected from %s (close code %s)", self.server, ws.close_code)
+
+    @staticmethod
+    def _check_rejected(code: int | None, reason: str) -> None:
+        if code in (CLOSE_UNAUTHORISED, CLOSE_FORBIDDEN):
+            raise AgentRejected(f"close code {code}" + (f": {reason}" if reason else ""))
+
+    async def _session(self, ws: ClientConnection) -> None:
+        facts = await asyncio.to_thread(self.backend.inventory)
+        await ws.send(protocol.encode(protocol.hello(agent_version=__version__, **facts)))
+        welcome = await asyncio.wait_for(self._welcome(ws), self.welcome_timeout)
+        interval = welcome.get("metrics_interval")
+        if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not (
+                math.isfinite(interval) and 0.05 <= interval <= 3600):
+            interval = self.interval
+        self.node_id = welcome.get("node_id")
+        self.sessions += 1
+        self.backoff.reset()
+        log.info("connected to %s as node %s; %d GPUs; metrics every %gs", self.server, self.node_id,
+                 len(facts["gpus"]), interval)
+        metrics = asyncio.create_task(self._metrics_loop(ws, float(interval)))
+        receiver = asyncio.create_task(self._receive_loop(ws))
+        try:
+            done, _ = await asyncio.wait({metrics, receiver}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (metrics, receiver):
+                task.cancel()
+            await asyncio.gather(metrics, receiver, return_exceptions=True)
+        for task in done:
+            task.result()
+
+    async def _welcome(self, ws: ClientConnection) -> dict:
+        async for text in ws:
+            frame = self._decode(text)
+            if frame is None:
+                continue
+            if frame["type"] == "welcome":
+                return frame
+            if frame["type"] == "error":
+                log.error("server error before welcome: %s %s", frame.get("code"), frame.get("message"))
+                if frame.get("code") in (protocol.E_UNAUTHORISED, protocol.E_FORBIDDEN):
+                    raise AgentRejected(f"{frame.get('code')}: {frame.get('message')}")
+            else:
+                log.warning("ignoring %s frame before welcome", frame["type"])
+        self._check_rejected(ws.close_code, ws.close_reason or "")
+        raise ConnectionError(f"the server closed the connection before welcome (code {ws.close_code})")
+
+    @staticmethod
+    def _decode(text: str | bytes) -> dict | None:
+        try:
+            return protocol.decode(text)
+        except protocol.ProtocolError as exc:
+            log.warning("ignoring a bad frame from the server: %s", exc.message)
+            return None
+
+    async def _metrics_loop(self, ws: ClientConnection, interval: float) -> None:
+        """One frame per interval on a monotonic schedule: a slow sample delays one frame, not all later
+        ones, and missed ticks are skipped rather than sent in a burst."""
+        loop = asyncio.get_running_loop()
+        next_at = loop.time()
+        while True:
+            try:
+                gpus = await asyncio.to_thread(self.backend.sample)
+            except Exception:
+                log.exception("sampling metrics failed; skipping this interval")
+            else:
+                await ws.send(protocol.encode(protocol.metrics(ts=time.time(), gpus=gpus)))
+                self.metrics_sent += 1
+            next_at += interval
+            now = loop.time()
+            if next_at <= now:
+                next_at += math.ceil((now - next_at) / interval) * interval
+            await asyncio.sleep(next_at - now)
+
+    async def _receive_loop(self, ws: ClientConnection) -> None:
+        replies: set[asyncio.Task] = set()
+        try:
+            async for text in ws:
+                frame = self._decode(text)
+                if frame is None:
+                    continue
+                kind = frame["type"]
+                if kind == "command":
+                    # Each command answers in its own task: a slow create must not hold up a ping.
+                    task = asyncio.create_task(self._answer(ws, frame))
+                    replies.add(task)
+                    task.add_done_callback(replies.discard)
+                elif kind == "error":
+                    log.warning("server error: %s %s (ref %s)", frame.get("code"), frame.get("message"),
+                                frame.get("ref"))
+                elif kind != "welcome":
+                    log.warning("ignoring unexpected %s frame", kind)
+        finally:
+            for task in replies:
+                task.cancel()
+
+    async def _answer(self, ws: ClientConnection, frame: dict) -> None:
+        command_id = frame.get("id")
+        try:
+            protocol.validate_command(frame)
+        except protocol.ProtocolError as exc:
+            if not isinstance(command_id, str):
+                log.warning("dropping a command without an id: %s", exc.message)
+                return
+            log.info("command %s refused: %s", command_id, exc.message)
+            reply = protocol.result_error(id=command_id, code=exc.code, message=exc.message)
+        else:
+            reply = await self.commands.answer(command_id, frame["op"], frame["args"])
+        try:
+            await ws.send(protocol.encode(reply))
+        except ConnectionClosed:
+            # The result is kept; the server asks again with the same id after reconnecting.
+            log.info("connection closed before the result of %s could be sent", command_id)
