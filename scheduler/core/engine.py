@@ -1,0 +1,257 @@
+"""The scheduler: filter, score, place, and plan preemption, on a `Pool` (DESIGN §6).
+
+    pool = Pool(nodes)                       # NodeState snapshot -> indexed pool (deep copy)
+    sched = Scheduler(pool)                  # mode="fast" (indexes) or "exhaustive" (reference)
+    d = sched.decide(Request(memory_gb=20))  # pure: never changes the pool
+    if d.ok: pool.allocate(d, request)       # or sched.place(request), which also learns the demand mix
+
+Pipeline per GPU: filters in order (first refusal is counted in `Decision.reasons`) -> placement option
+(profile, start, packing cost; placement.py) -> scorers, each 0..100, times weight shares from
+`weights_for(base, load=pool load)` -> the best option (ties: lower pool index). When nothing fits and the
+request is reserved or on demand, preemption.py looks for the cheapest set of spot leases to remove.
+
+"exhaustive" runs every filter and scorer on every GPU. "fast" walks the pool's availability index
+(GPUs where the needed profile has a legal start, per model and region, best static node key first),
+runs the same filters and scorers on those, and stops after `max_candidates` GPUs passed the filters.
+Both are complete: a request that fits somewhere is never reported unschedulable by "fast". Where "fast"
+chooses differently, its choice scored lower under the same scorers; bench/decision_speed.py measures how
+often and by how much.
+"""
+from __future__ import annotations
+
+import heapq
+from collections import Counter, defaultdict
+from typing import Literal, Sequence
+
+from . import preemption
+from .filters import DEFAULT_FILTERS, Filter
+from .model import Decision, GpuState, NodeState, Placement, Request
+from .placement import Option, multi_option, single_option
+from .pool import FIXED, WHOLE, CapacityError, GpuRecord, Pool
+from .regions import rtt_ms
+from .scorers import DEFAULT_SCORERS, LatencyScorer, Scorer
+from .weights import DEFAULT_WEIGHTS, Weights, weights_for
+
+__all__ = ["Pool", "Scheduler", "CapacityError"]
+
+_LATENCY = LatencyScorer()
+
+
+class Scheduler:
+    """Decides where requests go on one `Pool`. Filters, scorers and weights are plugins/data."""
+
+    def __init__(self, pool: Pool, *, weights: Weights | None = None,
+                 mode: Literal["fast", "exhaustive"] = "fast",
+                 filters: Sequence[Filter] = DEFAULT_FILTERS, scorers: Sequence[Scorer] = DEFAULT_SCORERS,
+                 adapt_weights: bool = True, max_candidates: int = 32) -> None:
+        if mode not in ("fast", "exhaustive"):
+            raise ValueError(f"mode is 'fast' or 'exhaustive', not {mode!r}")
+        self.pool = pool
+        self.base_weights = weights or DEFAULT_WEIGHTS
+        self.mode = mode
+        self.filters = tuple(filters)
+        self.scorers = tuple(scorers)
+        self.adapt_weights = adapt_weights
+        self.max_candidates = max_candidates
+
+    # --- public --------------------------------------------------------------------------------------
+
+    def weights(self) -> Weights:
+        """The weights in force now: the base weights moved by the pool's load (weights.weights_for)."""
+        if not self.adapt_weights:
+            return self.base_weights
+        return weights_for(self.base_weights, load=1.0 - self.pool.free_share())
+
+    def decide(self, request: Request, *, allow_preemption: bool = True) -> Decision:
+        """Where `request` should go, or why it cannot; never changes the pool."""
+        problem = _invalid(request)
+        if problem:
+            return Decision(ok=False, reasons={problem: len(self.pool.records)})
+        weights = self.weights()
+        if self.mode == "exhaustive":
+            best, considered = self._exhaustive(request, weights)
+        else:
+            best, considered = self._fast(request, weights)
+        if best is not None:
+            return self._decision(best, request, weights, considered)
+        reasons = self.reasons(request)
+        if allow_preemption and request.mode != "spot":
+            planned = preemption.plan(self, request, weights)
+            if planned is not None:
+                d = self._decision(planned, request, weights, considered)
+                d.preempt = list(planned.preempt)
+                d.reasons = reasons
+                return d
+        return Decision(ok=False, reasons=reasons, considered=considered)
+
+    def place(self, request: Request, *, allow_preemption: bool = True) -> Decision:
+        """Learn the request into the demand mix, decide, and allocate when it fits."""
+        self.pool.mix.observe(request)
+        d = self.decide(request, allow_preemption=allow_preemption)
+        if d.ok:
+            self.pool.allocate(d, request)
+        return d
+
+    def score(self, option: Option, request: Request, weights: Weights | None = None
+              ) -> tuple[float, dict[str, float]]:
+        """(score 0..100, per-plugin weighted contributions) of one option."""
+        weights = weights or self.weights()
+        total_w = sum(weights.get(s.name) for s in self.scorers) or 1.0
+        breakdown = {s.name: weights.get(s.name) / total_w * s.score(option, request) for s in self.scorers}
+        return sum(breakdown.values()), breakdown
+
+    def rescore(self, decision: Decision, request: Request) -> float:
+        """Score of an existing decision's placement under this scheduler's scorers and current weights
+        (the bench re-scores the fast choice this way). The placement must still be possible."""
+        opt = self.option_for(decision.placements, request)
+        return self.score(opt, request)[0] if opt else float("nan")
+
+    def option_for(self, placements: Sequence[Placement], request: Request) -> Option | None:
+        if not placements:
+            return None
+        recs = [self.pool.record(p.gpu_uuid) for p in placements]
+        node = recs[0].node
+        if len(recs) > 1:
+            return multi_option(self.pool, node, [(r.idx, r.gpu) for r in recs], request)
+        return single_option(self.pool, node, recs[0].gpu, request, idx=recs[0].idx)
+
+    def first_refusal(self, request: Request, node: NodeState, gpu: GpuState,
+                      node_cache: dict | None = None, *, skip: frozenset[str] = frozenset()) -> str | None:
+        """The first filter's reason for refusing `gpu`, or None when every filter passes."""
+        for i, f in enumerate(self.filters):
+            if f.name in skip:
+                continue
+            if f.scope == "node" and node_cache is not None:
+                key = (i, node.id)
+                if key not in node_cache:
+                    node_cache[key] = f.check(request, node, gpu, self.pool)
+                reason = node_cache[key]
+            else:
+                reason = f.check(request, node, gpu, self.pool)
+            if reason:
+                return reason
+        return None
+
+    def reasons(self, request: Request) -> dict[str, int]:
+        """Every GPU's first refusal, counted (the same in both modes)."""
+        counts: Counter[str] = Counter()
+        cache: dict = {}
+        for rec in self.pool.records:
+            counts[self.first_refusal(request, rec.node, rec.gpu, cache) or "fits"] += 1
+        counts.pop("fits", None)
+        return dict(counts)
+
+    # --- internals -----------------------------------------------------------------------------------
+
+    def _decision(self, opt: Option, request: Request, weights: Weights, considered: int) -> Decision:
+        score, breakdown = self.score(opt, request, weights)
+        return Decision(ok=True, placements=opt.placements(), score=score, breakdown=breakdown,
+                        considered=considered, price_per_hour=opt.price_per_hour)
+
+    def _better(self, s: float, opt: Option, best: tuple[float, Option] | None) -> bool:
+        return best is None or s > best[0] or (s == best[0] and opt.idx < best[1].idx)
+
+    def _exhaustive(self, request: Request, weights: Weights) -> tuple[Option | None, int]:
+        cache: dict = {}
+        best: tuple[float, Option] | None = None
+        considered = 0
+        if request.gpu_count > 1:
+            by_node: dict[str, list[tuple[int, GpuState]]] = defaultdict(list)
+            for rec in self.pool.records:
+                if self.first_refusal(request, rec.node, rec.gpu, cache) is None:
+                    by_node[rec.node.id].append((rec.idx, rec.gpu))
+            for node_id, gpus in by_node.items():
+                considered += len(gpus)
+                opt = multi_option(self.pool, self.pool.nodes[node_id], gpus, request)
+                if opt is not None:
+                    s = self.score(opt, request, weights)[0]
+                    if self._better(s, opt, best):
+                        best = (s, opt)
+            return (best[1] if best else None), considered
+        for rec in self.pool.records:
+            if self.first_refusal(request, rec.node, rec.gpu, cache) is not None:
+                continue
+            opt = single_option(self.pool, rec.node, rec.gpu, request, idx=rec.idx)
+            if opt is None:
+                continue
+            considered += 1
+            s = self.score(opt, request, weights)[0]
+            if self._better(s, opt, best):
+                best = (s, opt)
+        return (best[1] if best else None), considered
+
+    def _lists(self, request: Request) -> list[tuple[float, list[tuple[float, int]]]]:
+        """Index lists that can hold a fitting GPU, each with the latency term of its region."""
+        pool = self.pool
+        out = []
+        wl = DEFAULT_WEIGHTS.get("latency")
+        models = pool.by_model.keys() if request.models is None else request.models
+        for model in models:
+            recs = pool.by_model.get(model)
+            if not recs:
+                continue
+            keys = {FIXED}
+            if request.wants_whole:
+                keys.add(WHOLE)
+            else:
+                mig_rec = next((r for r in recs if r.gpu.geometry is not None), None)
+                if mig_rec is not None:
+                    profile, reason = pool.slice_for(mig_rec.gpu, request)
+                    if reason is None and profile is not None:
+                        keys.add(profile)
+            for key in keys:
+                for region, lst in pool.avail.get((model, key), {}).items():
+                    if lst and (request.regions is None or region in request.regions):
+                        lat = wl * _LATENCY.normalise(rtt_ms(request.buyer_region, region))
+                        out.append((lat, lst))
+        return out
+
+    def _fast(self, request: Request, weights: Weights) -> tuple[Option | None, int]:
+        pool = self.pool
+        lists = self._lists(request)
+        # list entries are (-static key, pool index); the heap pops the highest key + latency term first
+        heap = [(-(lat - lst[0][0]), n, 0) for n, (lat, lst) in enumerate(lists)]
+        heapq.heapify(heap)
+        cache: dict = {}
+        seen: set[int] = set()
+        seen_nodes: set[str] = set()
+        best: tuple[float, Option] | None = None
+        considered = 0
+        while heap and considered < self.max_candidates:
+            _, n, pos = heapq.heappop(heap)
+            lat, lst = lists[n]
+            if pos + 1 < len(lst):
+                heapq.heappush(heap, (-(lat - lst[pos + 1][0]), n, pos + 1))
+            idx = lst[pos][1]
+            if idx in seen:
+                continue
+            seen.add(idx)
+            rec: GpuRecord = pool.records[idx]
+            if request.gpu_count > 1:
+                if rec.node.id in seen_nodes:
+                    continue
+                seen_nodes.add(rec.node.id)
+                gpus = [(r.idx, r.gpu) for r in pool.by_node[rec.node.id]
+                        if self.first_refusal(request, r.node, r.gpu, cache) is None]
+                opt = multi_option(pool, rec.node, gpus, request) if gpus else None
+                considered += len(gpus) if opt else 0
+            else:
+                if self.first_refusal(request, rec.node, rec.gpu, cache) is not None:
+                    continue
+                opt = single_option(pool, rec.node, rec.gpu, request, idx=idx)
+                considered += 1 if opt else 0
+            if opt is not None:
+                s = self.score(opt, request, weights)[0]
+                if self._better(s, opt, best):
+                    best = (s, opt)
+        return (best[1] if best else None), considered
+
+
+def _invalid(request: Request) -> str | None:
+    if request.gpu_count < 1:
+        return "gpu_count must be at least 1"
+    if request.memory_gb < 0 or request.compute_slices < 0:
+        return "memory and compute must be >= 0"
+    if request.mode not in ("reserved", "on_demand", "spot"):
+        return f"unknown class {request.mode!r}"
+    return None

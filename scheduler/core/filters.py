@@ -1,0 +1,166 @@
+"""Filter plugins: hard constraints. Each returns None (pass) or a short reason, and never raises.
+
+Reasons are counted per GPU in `Decision.reasons`, so they are worded to read well after a count
+("200 wrong model", "12 cuda 12.2 < required 12.4") and carry only request-wide numbers, not per-GPU ones,
+so that counts group. A GPU is charged to the first filter that refuses it, in the order of `DEFAULT_FILTERS`.
+
+`scope` says what a result depends on: "node" results are computed once per node and reused for its GPUs.
+
+Degraded GPUs take spot requests only: spot is interruptible and cheap, so a GPU that may fail soon is still
+worth selling there, while reserved and on-demand buyers are promised capacity that runs (a choice of ours;
+the brief leaves it open).
+"""
+from __future__ import annotations
+
+from typing import Literal, Protocol
+
+from .gpus import GpuModelSpec
+from .model import GpuState, NodeState, Request
+from .pricing import slice_price, slice_share
+
+Scope = Literal["node", "gpu"]
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    """"12.10" -> (12, 10): versions compare numerically, not as strings ("12.10" > "12.9")."""
+    out = []
+    for part in v.strip().split("."):
+        digits = "".join(ch for ch in part if ch.isdigit())
+        out.append(int(digits) if digits else 0)
+    while len(out) > 1 and out[-1] == 0:
+        out.pop()
+    return tuple(out)
+
+
+class PoolView(Protocol):
+    """What filters and scorers may ask the pool (engine.Pool implements it)."""
+
+    def spec(self, model: str) -> GpuModelSpec: ...
+    def slice_for(self, gpu: GpuState, request: Request) -> tuple[str | None, str | None]: ...
+    def free_share(self, model: str | None = None) -> float: ...
+    def has_legal_start(self, gpu: GpuState, profile: str) -> bool: ...
+    def is_free(self, gpu: GpuState) -> bool: ...
+    def free_gpu_count(self, node: NodeState, request: Request) -> int: ...
+
+
+class Filter:
+    name: str = "filter"
+    scope: Scope = "gpu"
+
+    def check(self, request: Request, node: NodeState, gpu: GpuState, view: PoolView) -> str | None:
+        raise NotImplementedError
+
+
+class NodeOnline(Filter):
+    name, scope = "node_online", "node"
+
+    def check(self, request, node, gpu, view):
+        return None if node.online else "node offline"
+
+
+class GpuHealthy(Filter):
+    name, scope = "gpu_health", "gpu"
+
+    def check(self, request, node, gpu, view):
+        if gpu.health == "cordoned":
+            return "cordoned"
+        if gpu.health == "degraded" and request.mode != "spot":
+            return "degraded (spot only)"
+        return None
+
+
+class ModelAllowed(Filter):
+    name, scope = "model", "gpu"
+
+    def check(self, request, node, gpu, view):
+        if request.models is not None and gpu.model not in request.models:
+            return "wrong model"
+        return None
+
+
+class CudaVersion(Filter):
+    name, scope = "cuda", "node"
+
+    def check(self, request, node, gpu, view):
+        if request.min_cuda and version_tuple(node.cuda_version) < version_tuple(request.min_cuda):
+            return f"cuda {node.cuda_version} < required {request.min_cuda}"
+        return None
+
+
+class ComputeCapability(Filter):
+    name, scope = "compute_capability", "gpu"
+
+    def check(self, request, node, gpu, view):
+        if request.min_compute_capability:
+            cc = view.spec(gpu.model).compute_capability
+            if version_tuple(cc) < version_tuple(request.min_compute_capability):
+                return f"compute capability {cc} < required {request.min_compute_capability}"
+        return None
+
+
+class RegionAllowed(Filter):
+    name, scope = "region", "node"
+
+    def check(self, request, node, gpu, view):
+        if request.regions is not None and node.region not in request.regions:
+            return "region not allowed"
+        return None
+
+
+class MemoryPerSlice(Filter):
+    """The GPU (or one of its MIG profiles) offers the memory and compute slices asked for."""
+
+    name, scope = "memory", "gpu"
+
+    def check(self, request, node, gpu, view):
+        _, reason = view.slice_for(gpu, request)
+        return reason
+
+
+class PriceCap(Filter):
+    """Slice price in the request's class (× gpu_count) at or under the cap; for spot the cap is the bid."""
+
+    name, scope = "price", "gpu"
+
+    def check(self, request, node, gpu, view):
+        if request.max_price_per_hour is None:
+            return None
+        profile, _ = view.slice_for(gpu, request)
+        share = slice_share(geometry=gpu.geometry, profile=profile)
+        price = max(1, request.gpu_count) * slice_price(
+            base_per_gpu_hour=node.price_per_gpu_hour, share=share, mode=request.mode,
+            free_share=view.free_share(gpu.model))
+        if price > request.max_price_per_hour + 1e-9:
+            what = "spot price over bid" if request.mode == "spot" else "price over cap"
+            return f"{what} {request.max_price_per_hour:g}/h"
+        return None
+
+
+class Capacity(Filter):
+    """A legal MIG placement exists now, or the GPU is free when a whole GPU is needed."""
+
+    name, scope = "capacity", "gpu"
+
+    def check(self, request, node, gpu, view):
+        profile, _ = view.slice_for(gpu, request)
+        if profile is None:
+            return None if view.is_free(gpu) else "GPU busy"
+        return None if view.has_legal_start(gpu, profile) else "no legal placement"
+
+
+class GpusOnOneNode(Filter):
+    """k whole GPUs on one node: the node has at least k free GPUs that pass the other filters."""
+
+    name, scope = "gpu_count", "node"
+
+    def check(self, request, node, gpu, view):
+        if request.gpu_count <= 1:
+            return None
+        n = view.free_gpu_count(node, request)
+        return None if n >= request.gpu_count else f"fewer than {request.gpu_count} free GPUs on node"
+
+
+DEFAULT_FILTERS: tuple[Filter, ...] = (
+    NodeOnline(), GpuHealthy(), ModelAllowed(), CudaVersion(), ComputeCapability(), RegionAllowed(),
+    MemoryPerSlice(), PriceCap(), Capacity(), GpusOnOneNode(),
+)

@@ -1,0 +1,173 @@
+"""Fragmentation of MIG GPUs for the demand mix, in the spirit of FGD (Weng et al., USENIX ATC'23).
+
+FGD measures a node's fragmentation as the expected amount of free GPU capacity that a typical task,
+drawn from the workload's distribution, cannot use; it places each task where that expectation grows the
+least. On MIG the capacity is memory slices and "can use" means "is covered by some legal placement of
+the task's profile now" (NVIDIA's start slots, count limits and compute-slice budget all apply):
+
+    frag(GPU) = Σ_profile P(profile) × |free slices no legal placement of that profile covers| / slices
+
+so frag is a share of one GPU (0..1). A placement's cost is Δfrag = frag(after) − frag(before); it is
+negative when the placement eats slices that were useless anyway.
+
+The demand mix is learnt from requests (`DemandMix.observe`) on top of a prior that favours small slices
+(most pods in the Alibaba openb trace ask for a fraction of a GPU). The mix the measure uses is a snapshot
+refreshed every `refresh_every` observations, so cached fragmentation values stay valid between refreshes.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import TYPE_CHECKING, Sequence
+
+from . import mig
+from .gpus import GPU_MODELS
+
+if TYPE_CHECKING:
+    from .model import Request
+
+PRIOR_STRENGTH = 20.0  # the prior counts as this many requests
+SMALLEST_PRIOR_BOOST = 3.0  # the smallest profile weighs this much more than each other profile in the prior
+
+
+def _bits(n: int) -> int:
+    return bin(n).count("1")
+
+
+def profile_mask(p: mig.MigProfile, start: int) -> int:
+    return ((1 << p.memory_slices) - 1) << start
+
+
+class DemandMix:
+    """Distribution over MIG profiles per GPU model, learnt from the requests seen."""
+
+    def __init__(self, *, refresh_every: int = 256) -> None:
+        self.refresh_every = refresh_every
+        self._counts: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        self._pending = 0
+        self.version = 0
+        self._snapshot: dict[str, tuple[tuple[str, float], ...]] = {}
+        self._fit_cache: dict[tuple[str, float, int, bool], str | None] = {}
+
+    @staticmethod
+    def prior(geometry: mig.MigGeometry) -> dict[str, float]:
+        plain = [p for p in geometry.profiles if not p.media_extensions]
+        smallest = min(plain, key=lambda p: (p.memory_slices, p.compute_slices))
+        raw = {p.name: (SMALLEST_PRIOR_BOOST if p is smallest else 1.0) for p in plain}
+        total = sum(raw.values())
+        return {k: PRIOR_STRENGTH * v / total for k, v in raw.items()}
+
+    def profile_for(self, *, model: str, memory_gb: float, compute_slices: int, whole: bool) -> str | None:
+        key = (model, memory_gb, compute_slices, whole)
+        if key not in self._fit_cache:
+            g = GPU_MODELS[model].mig
+            if g is None:
+                self._fit_cache[key] = None
+            elif whole:
+                self._fit_cache[key] = g.full_profile.name
+            else:
+                p = mig.smallest_fitting_profile(g, memory_gb=memory_gb, compute_slices=compute_slices)
+                self._fit_cache[key] = p.name if p else None
+        return self._fit_cache[key]
+
+    def observe(self, request: "Request") -> None:
+        """Count the profile `request` would take on every MIG model in the catalog."""
+        for key, spec in GPU_MODELS.items():
+            if spec.mig is None or (request.models is not None and key not in request.models):
+                continue
+            name = self.profile_for(model=key, memory_gb=request.memory_gb,
+                                    compute_slices=request.compute_slices, whole=request.wants_whole)
+            if name is not None:
+                self._counts[key][name] += max(1, request.gpu_count)
+        self._pending += 1
+        if self._pending >= self.refresh_every:
+            self.refresh()
+
+    def refresh(self) -> None:
+        """Take a new snapshot of the learnt mix (invalidates fragmentation caches keyed by version)."""
+        self._pending = 0
+        self.version += 1
+        self._snapshot.clear()
+
+    def distribution(self, model: str) -> tuple[tuple[str, float], ...]:
+        """(profile, probability) pairs for a MIG model, prior plus what was observed up to the snapshot."""
+        snap = self._snapshot.get(model)
+        if snap is None:
+            g = GPU_MODELS[model].mig
+            if g is None:
+                return ()
+            counts = self.prior(g)
+            for name, n in self._counts.get(model, {}).items():
+                counts[name] = counts.get(name, 0.0) + n
+            total = sum(counts.values())
+            snap = tuple(sorted((k, v / total) for k, v in counts.items()))
+            self._snapshot[model] = snap
+        return snap
+
+
+def usable_mask(geometry: mig.MigGeometry, instances: Sequence[mig.Instance], profile: str) -> int:
+    """Memory slices that some legal placement of `profile` would cover now."""
+    p = geometry.profile(profile)
+    mask = 0
+    for s in mig.legal_starts(geometry, instances, profile):
+        mask |= profile_mask(p, s)
+    return mask
+
+
+def frag(geometry: mig.MigGeometry, instances: Sequence[mig.Instance],
+         distribution: Sequence[tuple[str, float]]) -> float:
+    """Expected share of the GPU that is free but unusable by a request drawn from `distribution`."""
+    full = (1 << geometry.memory_slices) - 1
+    free = full & ~mig.used_mask(geometry, instances)
+    if not free:
+        return 0.0
+    expected = 0.0
+    for name, prob in distribution:
+        expected += prob * _bits(free & ~usable_mask(geometry, instances, name))
+    return expected / geometry.memory_slices
+
+
+class FragCache:
+    """Memoises frag and placement deltas per (model, layout); layouts repeat a lot across a pool."""
+
+    def __init__(self, mix: DemandMix) -> None:
+        self.mix = mix
+        self._version = -1
+        self._frag: dict[tuple, float] = {}
+        self._best: dict[tuple, tuple[int, float] | None] = {}
+
+    def _check(self) -> None:
+        if self._version != self.mix.version:
+            self._frag.clear()
+            self._best.clear()
+            self._version = self.mix.version
+
+    def frag(self, model: str, geometry: mig.MigGeometry, layout: tuple[tuple[str, int], ...]) -> float:
+        self._check()
+        key = (model, layout)
+        v = self._frag.get(key)
+        if v is None:
+            v = frag(geometry, [mig.Instance(p, s) for p, s in layout], self.mix.distribution(model))
+            self._frag[key] = v
+        return v
+
+    def best_start(self, model: str, geometry: mig.MigGeometry, layout: tuple[tuple[str, int], ...],
+                   profile: str) -> tuple[int, float] | None:
+        """(start, Δfrag) of the legal start that grows fragmentation least (lowest start on ties)."""
+        self._check()
+        key = (model, layout, profile)
+        if key in self._best:
+            return self._best[key]
+        insts = [mig.Instance(p, s) for p, s in layout]
+        before = self.frag(model, geometry, layout)
+        best: tuple[int, float] | None = None
+        for s in mig.legal_starts(geometry, insts, profile):
+            after = self.frag(model, geometry, tuple(sorted(layout + ((profile, s),))))
+            delta = after - before
+            if best is None or delta < best[1] - 1e-12:
+                best = (s, delta)
+        self._best[key] = best
+        return best
+
+    def whole_delta(self, model: str, geometry: mig.MigGeometry) -> float:
+        """Δfrag of taking an empty MIG GPU whole: the (small) fragmentation of an empty GPU disappears."""
+        return -self.frag(model, geometry, ())

@@ -1,0 +1,111 @@
+"""Profile choice and placement: turn (request, GPU) into a concrete option with its packing cost.
+
+- A slice request takes the smallest MIG profile with the memory and compute asked for
+  (`mig.smallest_fitting_profile`); on a GPU that is not split (no MIG, or MIG off) it takes the whole GPU.
+- On a MIG GPU the start slot is the legal start whose Δfrag (fragmentation.py) is smallest.
+- A whole-GPU request takes a GPU with no instances. Taking an empty MIG GPU whole costs the slice demand it
+  could have served (`MIG_KEEP_WEIGHT` × the share of the demand mix that is not the full profile), so whole
+  requests go to non-MIG GPUs first and MIG GPUs stay for slices.
+- A slice that is much larger than asked for (a whole L4 for 4 GB) costs the memory it wastes.
+- k GPUs on one node: the k free GPUs of that node with the lowest packing cost.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Sequence
+
+from .model import GpuState, NodeState, Placement, Request
+from .pricing import slice_price, slice_share
+
+if TYPE_CHECKING:
+    from .engine import Pool
+
+MIG_KEEP_WEIGHT = 0.5  # cost, in shares of a GPU, of spending a whole MIG GPU that slices could have used
+WASTE_WEIGHT = 0.5  # cost per share of a GPU's memory handed out but not asked for
+
+Layout = tuple[tuple[str, int], ...]
+
+
+@dataclass
+class Option:
+    """One way to serve a request: where, which profile and start, and what it costs."""
+
+    node: NodeState
+    gpus: list[GpuState]
+    profile: str | None  # None = whole GPU(s)
+    start: int
+    pack_cost: float  # Δfrag + penalties, in shares of one GPU (averaged over the GPUs of a k-GPU option)
+    price_per_hour: float
+    pu: float
+    idx: int = 0  # pool order of the first GPU: the deterministic tie-break
+    preempt: list[str] = field(default_factory=list)
+
+    def placements(self) -> list[Placement]:
+        return [Placement(self.node.id, g.uuid, self.profile, self.start) for g in self.gpus]
+
+
+def _waste(pool: "Pool", gpu: GpuState, request: Request, slice_memory_gb: float) -> float:
+    if request.wants_whole or slice_memory_gb <= 0:
+        return 0.0  # a whole GPU was asked for: nothing is handed out beyond the ask
+    gpu_memory = pool.spec(gpu.model).memory_gb
+    return WASTE_WEIGHT * max(0.0, slice_memory_gb - request.memory_gb) / gpu_memory
+
+
+def whole_cost(pool: "Pool", gpu: GpuState, request: Request) -> float:
+    """Packing cost of taking `gpu` (assumed free) whole."""
+    spec = pool.spec(gpu.model)
+    if gpu.geometry is None:
+        return _waste(pool, gpu, request, spec.memory_gb)
+    full = gpu.geometry.full_profile.name
+    slice_demand = sum(p for name, p in pool.mix.distribution(gpu.model) if name != full)
+    return pool.frags.whole_delta(gpu.model, gpu.geometry) + MIG_KEEP_WEIGHT * slice_demand
+
+
+def single_option(pool: "Pool", node: NodeState, gpu: GpuState, request: Request, *,
+                  layout: Layout | None = None, idx: int = 0) -> Option | None:
+    """The best option for `request` on one GPU (None when nothing fits), `layout` overriding the
+    GPU's current MIG layout (preemption planning asks "what if these spot instances were gone")."""
+    profile, reason = pool.slice_for(gpu, request)
+    if reason is not None:
+        return None
+    spec = pool.spec(gpu.model)
+    free_share = pool.free_share(gpu.model)
+    if profile is None:
+        if layout is None and not pool.is_free(gpu):
+            return None
+        start, cost = 0, whole_cost(pool, gpu, request)
+        pu = pool.pu(gpu.model, None)
+    else:
+        assert gpu.geometry is not None
+        lay = pool.layout(gpu) if layout is None else layout
+        if layout is None and not pool.has_legal_start(gpu, profile):
+            return None
+        best = pool.frags.best_start(gpu.model, gpu.geometry, lay, profile)
+        if best is None:
+            return None
+        start, delta = best
+        cost = delta + _waste(pool, gpu, request, gpu.geometry.profile(profile).memory_gb)
+        pu = pool.pu(gpu.model, profile)
+    price = slice_price(base_per_gpu_hour=node.price_per_gpu_hour,
+                        share=slice_share(geometry=gpu.geometry, profile=profile),
+                        mode=request.mode, free_share=free_share)
+    del spec
+    return Option(node, [gpu], profile, start, cost, price, pu, idx)
+
+
+def multi_option(pool: "Pool", node: NodeState, gpus: Sequence[tuple[int, GpuState]],
+                 request: Request) -> Option | None:
+    """k whole GPUs on `node` out of `gpus` ((pool index, GPU) pairs that passed the filters)."""
+    k = request.gpu_count
+    ranked = []
+    for idx, g in gpus:
+        opt = single_option(pool, node, g, request, idx=idx)
+        if opt is not None and opt.profile is None:
+            ranked.append((opt.pack_cost, idx, opt))
+    if len(ranked) < k:
+        return None
+    ranked.sort(key=lambda t: (t[0], t[1]))
+    chosen = [t[2] for t in ranked[:k]]
+    return Option(node, [o.gpus[0] for o in chosen], None, 0,
+                  sum(o.pack_cost for o in chosen) / k, sum(o.price_per_hour for o in chosen),
+                  sum(o.pu for o in chosen), min(o.idx for o in chosen))

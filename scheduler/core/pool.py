@@ -1,0 +1,312 @@
+"""The mutable, indexed pool the scheduler decides against (re-exported by engine.py as `engine.Pool`).
+
+Indexes, all maintained per GPU on every change (allocate, release, health, node online/price):
+- `avail[(model, key)][region]`: GPUs where `key` can be placed now, sorted best-first by a static node
+  key (price per PU and reliability under the default weights). `key` is a MIG profile name (a legal start
+  exists now), WHOLE (an empty MIG GPU) or FIXED (a free GPU that is not split: no MIG, or MIG off).
+  Only schedulable GPUs are indexed: node online and GPU not cordoned.
+- free share per model (sum of free fractions / schedulable GPUs), kept as running sums;
+- free whole GPUs per node, GPUs holding spot instances, and lease id -> GPUs.
+A `Pool` deep-copies the `NodeState`s it is given: callers keep their snapshot, the pool owns its copy.
+"""
+from __future__ import annotations
+
+import bisect
+import copy
+from collections import defaultdict
+from typing import Iterable
+
+from . import mig, perf
+from .fragmentation import DemandMix, FragCache
+from .gpus import GPU_MODELS, GpuModelSpec
+from .model import Decision, GpuState, NodeState, PlacedInstance, Request
+from .scorers import PriceScorer, ReliabilityScorer
+from .weights import DEFAULT_WEIGHTS
+
+WHOLE, FIXED = "__whole__", "__fixed__"
+
+
+class CapacityError(ValueError):
+    """An allocation that the pool's current state does not allow (a stale or foreign decision)."""
+
+
+class GpuRecord:
+    __slots__ = ("gpu", "node", "idx", "spec", "layout", "avail", "free_frac", "key", "keyed", "schedulable",
+                 "free_whole", "region", "leases")
+
+    def __init__(self, gpu: GpuState, node: NodeState, idx: int) -> None:
+        self.gpu, self.node, self.idx = gpu, node, idx
+        self.spec: GpuModelSpec = GPU_MODELS[gpu.model]
+        self.layout: tuple[tuple[str, int], ...] = ()
+        self.avail: frozenset[str] = frozenset()
+        self.free_frac = 0.0
+        self.key = 0.0
+        self.keyed = False
+        self.schedulable = False
+        self.free_whole = False
+        self.region = node.region
+        self.leases: frozenset[str] = frozenset()
+
+
+class Pool:
+    """Pool state built from `NodeState`s; see the module docstring for what it indexes."""
+
+    def __init__(self, nodes: Iterable[NodeState], *, mix: DemandMix | None = None) -> None:
+        self.nodes: dict[str, NodeState] = {}
+        self.records: list[GpuRecord] = []
+        self._by_uuid: dict[str, GpuRecord] = {}
+        self.by_model: dict[str, list[GpuRecord]] = defaultdict(list)
+        self.by_node: dict[str, list[GpuRecord]] = defaultdict(list)
+        self.avail: dict[tuple[str, str], dict[str, list[tuple[float, int]]]] = defaultdict(
+            lambda: defaultdict(list))
+        self._free_sum: dict[str, float] = defaultdict(float)
+        self._cap: dict[str, int] = defaultdict(int)
+        self.node_free: dict[str, int] = defaultdict(int)
+        self.spot_gpus: set[int] = set()
+        self.leases: dict[str, set[int]] = defaultdict(set)
+        self.mix = mix or DemandMix()
+        self.frags = FragCache(self.mix)
+        self._slice_cache: dict[tuple, tuple[str | None, str | None]] = {}
+        self._avail_cache: dict[tuple, frozenset[str]] = {}
+        self._pu_cache: dict[tuple[str, str | None], float] = {}
+        for node in nodes:
+            node = copy.deepcopy(node)
+            if node.id in self.nodes:
+                raise ValueError(f"node {node.id!r} appears twice")
+            self.nodes[node.id] = node
+            for gpu in node.gpus:
+                if gpu.uuid in self._by_uuid:
+                    raise ValueError(f"GPU {gpu.uuid!r} appears twice")
+                if gpu.model not in GPU_MODELS:
+                    raise ValueError(f"GPU {gpu.uuid!r}: unknown model {gpu.model!r}")
+                gpu.node_id = node.id
+                rec = GpuRecord(gpu, node, len(self.records))
+                self.records.append(rec)
+                self._by_uuid[gpu.uuid] = rec
+                self.by_model[gpu.model].append(rec)
+                self.by_node[node.id].append(rec)
+                self._refresh(rec)
+
+    # --- what filters and scorers ask (filters.PoolView) -----------------------------------------------
+
+    def spec(self, model: str) -> GpuModelSpec:
+        return GPU_MODELS[model]
+
+    def gpu(self, uuid: str) -> GpuState:
+        return self._by_uuid[uuid].gpu
+
+    def record(self, uuid: str) -> GpuRecord:
+        return self._by_uuid[uuid]
+
+    def slice_for(self, gpu: GpuState, request: Request) -> tuple[str | None, str | None]:
+        """(MIG profile or None for a whole GPU, None or the reason this GPU cannot offer the slice)."""
+        whole = request.wants_whole
+        key = (gpu.model, gpu.geometry is None, request.memory_gb, request.compute_slices, whole)
+        hit = self._slice_cache.get(key)
+        if hit is None:
+            spec = GPU_MODELS[gpu.model]
+            if whole or gpu.geometry is None:
+                ok = spec.memory_gb + 1e-9 >= request.memory_gb
+                hit = (None, None if ok else f"needs {request.memory_gb:g} GB per GPU")
+            else:
+                p = mig.smallest_fitting_profile(gpu.geometry, memory_gb=request.memory_gb,
+                                                 compute_slices=request.compute_slices)
+                hit = (p.name, None) if p else (None, f"no slice with {request.memory_gb:g} GB "
+                                                      f"and {request.compute_slices} compute slices")
+            self._slice_cache[key] = hit
+        return hit
+
+    def free_share(self, model: str | None = None) -> float:
+        """Free share of schedulable capacity (of one model, or of the pool): 1 = all free."""
+        if model is None:
+            cap = sum(self._cap.values())
+            return sum(self._free_sum.values()) / cap if cap else 0.0
+        cap = self._cap.get(model, 0)
+        return self._free_sum[model] / cap if cap else 0.0
+
+    def has_legal_start(self, gpu: GpuState, profile: str) -> bool:
+        return profile in self._by_uuid[gpu.uuid].avail
+
+    def is_free(self, gpu: GpuState) -> bool:
+        return not gpu.instances
+
+    def layout(self, gpu: GpuState) -> tuple[tuple[str, int], ...]:
+        return self._by_uuid[gpu.uuid].layout
+
+    def free_gpu_count(self, node: NodeState, request: Request) -> int:
+        """Free GPUs on `node` that could each serve one GPU of `request` (model, health, memory)."""
+        n = 0
+        for rec in self.by_node[node.id]:
+            g = rec.gpu
+            if g.instances or g.health == "cordoned" or (g.health == "degraded" and request.mode != "spot"):
+                continue
+            if request.models is not None and g.model not in request.models:
+                continue
+            if self.slice_for(g, request)[1] is None:
+                n += 1
+        return n
+
+    def pu(self, model: str, profile: str | None) -> float:
+        key = (model, profile)
+        if key not in self._pu_cache:
+            spec = GPU_MODELS[model]
+            self._pu_cache[key] = (perf.gpu_pu(spec) if profile is None or spec.mig is None
+                                   else perf.profile_pu(spec, spec.mig.profile(profile)))
+        return self._pu_cache[key]
+
+    # --- changes ---------------------------------------------------------------------------------------
+
+    def allocate(self, decision: Decision, request: Request) -> None:
+        """Apply a decision: remove the preempted spot leases, then create its instances.
+        Raises CapacityError (changing nothing) if a placement is no longer legal."""
+        if not decision.ok:
+            raise CapacityError("cannot allocate an unschedulable decision")
+        for lease in decision.preempt:
+            for rec in [self.records[i] for i in self.leases.get(lease, ())]:
+                if any(i.lease_id == lease and i.priority != "spot" for i in rec.gpu.instances):
+                    raise CapacityError(f"lease {lease} is not spot; only spot is preempted")
+        removed = [(u, lease) for lease in decision.preempt for u in self.lease_gpus(lease)]
+        saved = {u: list(self._by_uuid[u].gpu.instances) for u, _ in removed}
+        for u, lease in removed:
+            self.release(u, lease)
+        try:
+            self._check(decision)
+        except CapacityError:
+            for u, insts in saved.items():  # undo the preemption: the decision is refused whole
+                self._by_uuid[u].gpu.instances[:] = insts
+                self._refresh(self._by_uuid[u])
+            raise
+        for p in decision.placements:
+            rec = self._by_uuid[p.gpu_uuid]
+            rec.gpu.instances.append(PlacedInstance(p.profile, p.start, request.lease_id, request.mode,
+                                                    request.remaining_value))
+            self._refresh(rec)
+
+    def _check(self, decision: Decision) -> None:
+        seen: set[str] = set()
+        for p in decision.placements:
+            rec = self._by_uuid.get(p.gpu_uuid)
+            if rec is None:
+                raise CapacityError(f"unknown GPU {p.gpu_uuid!r}")
+            if p.gpu_uuid in seen and p.profile is None:
+                raise CapacityError(f"GPU {p.gpu_uuid} placed twice")
+            seen.add(p.gpu_uuid)
+            g = rec.gpu
+            if g.health == "cordoned" or not rec.node.online:
+                raise CapacityError(f"GPU {g.uuid} is not schedulable")
+            if p.profile is None:
+                if g.instances:
+                    raise CapacityError(f"GPU {g.uuid} is not free")
+                continue
+            if g.geometry is None or any(i.profile is None for i in g.instances):
+                raise CapacityError(f"GPU {g.uuid} is not split into MIG instances")
+            reason = mig.why_not(g.geometry, [mig.Instance(*x) for x in rec.layout], p.profile, p.start)
+            if reason:
+                raise CapacityError(f"GPU {g.uuid}: {reason}")
+
+    def release(self, gpu_uuid: str, lease_id: str) -> int:
+        """Remove the instances of `lease_id` on one GPU; returns how many went."""
+        rec = self._by_uuid[gpu_uuid]
+        before = len(rec.gpu.instances)
+        rec.gpu.instances[:] = [i for i in rec.gpu.instances if i.lease_id != lease_id]
+        self._refresh(rec)
+        return before - len(rec.gpu.instances)
+
+    def release_lease(self, lease_id: str) -> int:
+        """Remove every instance of `lease_id` (all its GPUs); returns how many went."""
+        return sum(self.release(u, lease_id) for u in self.lease_gpus(lease_id))
+
+    def lease_gpus(self, lease_id: str) -> list[str]:
+        return [self.records[i].gpu.uuid for i in sorted(self.leases.get(lease_id, ()))]
+
+    def set_gpu_health(self, gpu_uuid: str, health: str) -> None:
+        rec = self._by_uuid[gpu_uuid]
+        rec.gpu.health = health  # type: ignore[assignment]
+        self._refresh(rec)
+
+    def set_node(self, node_id: str, **changes: object) -> None:
+        """Change node fields (online, price_per_gpu_hour, reliability, interruption_rate, cuda_version)."""
+        node = self.nodes[node_id]
+        for k, v in changes.items():
+            if k == "gpus" or not hasattr(node, k):
+                raise ValueError(f"cannot set node field {k!r}")
+            setattr(node, k, v)
+        for rec in self.by_node[node_id]:
+            self._refresh(rec, rekey=True)
+
+    # --- index maintenance -------------------------------------------------------------------------------
+
+    def _static_key(self, rec: GpuRecord) -> float:
+        """Node quality under the default weights, best first: price per PU of a whole GPU on demand, and
+        reliability. The fast path walks each index list in this order (a heuristic, not an exact bound)."""
+        n = rec.node
+        ppu = n.price_per_gpu_hour * 1.8 / self.pu(rec.gpu.model, None)
+        return (DEFAULT_WEIGHTS["price"] * PriceScorer().normalise(ppu)
+                + DEFAULT_WEIGHTS["reliability"] * ReliabilityScorer().normalise(n.reliability))
+
+    def _refresh(self, rec: GpuRecord, *, rekey: bool = False) -> None:
+        """Recompute one GPU's entries in every index (remove the old ones, add the new)."""
+        g, model = rec.gpu, rec.gpu.model
+        if rec.schedulable:
+            self._free_sum[model] -= rec.free_frac
+            self._cap[model] -= 1
+            if rec.free_whole:
+                self.node_free[rec.node.id] -= 1
+        for name in rec.avail:
+            self._index_remove(model, name, rec.region, rec)
+        whole_used = any(i.profile is None for i in g.instances)
+        rec.layout = () if whole_used else tuple(sorted((i.profile, i.start) for i in g.instances))  # type: ignore[misc]
+        rec.schedulable = rec.node.online and g.health != "cordoned"
+        rec.free_whole = rec.schedulable and not g.instances
+        if whole_used:
+            avail: frozenset[str] = frozenset()
+            rec.free_frac = 0.0
+        elif g.geometry is None:
+            avail = frozenset() if g.instances else frozenset((FIXED,))
+            rec.free_frac = 0.0 if g.instances else 1.0
+        else:
+            avail = self._mig_avail(model, g.geometry, rec.layout)
+            free_mem, free_cs = mig.free_capacity(g.geometry, [mig.Instance(*x) for x in rec.layout])
+            rec.free_frac = min(free_mem / g.geometry.memory_slices, free_cs / g.geometry.compute_slices)
+        if rec.schedulable:
+            self._free_sum[model] += rec.free_frac
+            self._cap[model] += 1
+            if rec.free_whole:
+                self.node_free[rec.node.id] += 1
+        else:
+            avail = frozenset()
+        if rekey or not rec.keyed:
+            rec.key, rec.keyed = self._static_key(rec), True
+        rec.region = rec.node.region
+        for name in avail:
+            bisect.insort(self.avail[(model, name)][rec.region], (-rec.key, rec.idx))
+        rec.avail = avail
+        leases = frozenset(i.lease_id for i in g.instances if i.lease_id)
+        for lease in rec.leases - leases:
+            self.leases[lease].discard(rec.idx)
+            if not self.leases[lease]:
+                del self.leases[lease]
+        for lease in leases - rec.leases:
+            self.leases[lease].add(rec.idx)
+        rec.leases = leases
+        if any(i.priority == "spot" and i.lease_id for i in g.instances):
+            self.spot_gpus.add(rec.idx)
+        else:
+            self.spot_gpus.discard(rec.idx)
+
+    def _index_remove(self, model: str, name: str, region: str, rec: GpuRecord) -> None:
+        lst = self.avail[(model, name)][region]
+        i = bisect.bisect_left(lst, (-rec.key, rec.idx))
+        if i < len(lst) and lst[i] == (-rec.key, rec.idx):
+            del lst[i]
+
+    def _mig_avail(self, model: str, geometry: mig.MigGeometry, layout: tuple) -> frozenset[str]:
+        key = (model, layout)
+        hit = self._avail_cache.get(key)
+        if hit is None:
+            insts = [mig.Instance(*x) for x in layout]
+            names = {p.name for p in geometry.profiles if mig.legal_starts(geometry, insts, p.name)}
+            if not layout:
+                names.add(WHOLE)
+            hit = self._avail_cache[key] = frozenset(names)
+        return hit
