@@ -108,31 +108,38 @@ class NvmlBackend(Backend):
             mig_enabled = current == nv.NVML_DEVICE_MIG_ENABLE
         except nv.NVMLError_NotSupported:
             mig_enabled = False
+        name = _text(nv.nvmlDeviceGetName(handle))
         return NvmlGpu(
             uuid=_text(nv.nvmlDeviceGetUUID(handle)),
             index=index,
             handle=handle,
-            name=_text(nv.nvmlDeviceGetName(handle)),
+            name=name,
             memory_mib=int(nv.nvmlDeviceGetMemoryInfo(handle).total) // (1 << 20),
             mig_enabled=mig_enabled,
-            profiles=self._read_profiles(handle) if mig_enabled else {},
+            profiles=self._read_profiles(handle, catalog.key_for_nvml_name(name)) if mig_enabled else {},
         )
 
-    def _read_profiles(self, handle: Any) -> dict[str, NvmlProfile]:
+    def _read_profiles(self, handle: Any, model_key: str | None) -> dict[str, NvmlProfile]:
         nv = self.nv
-        profiles: dict[str, NvmlProfile] = {}
+        offered = []
         for index in range(getattr(nv, "NVML_GPU_INSTANCE_PROFILE_COUNT", 10)):
             try:
                 info = self._versioned(nv.nvmlDeviceGetGpuInstanceProfileInfo, handle, index)
             except nv.NVMLError:
                 continue  # this GPU does not offer the profile (NotSupported / InvalidArgument)
             placements = self._possible_placements(handle, info.id)
-            if not placements or not info.instanceCount:
-                continue
-            name, memory_gb = self._profile_name(info, index)
+            if placements and info.instanceCount:
+                offered.append((index, info, placements))
+        total_slices = max((s + size for _, _, pl in offered for s, size in pl), default=0)
+        model_gb = catalog.GPU_MODELS[model_key].memory_gb if model_key else None
+        profiles: dict[str, NvmlProfile] = {}
+        for index, info, placements in offered:
+            size = int(placements[0][1])
+            nominal = model_gb * size / total_slices if model_gb else None
+            name, memory_gb = self._profile_name(info, index, nominal)
             profiles[name] = NvmlProfile(
                 name=name, index=index, id=int(info.id), compute_slices=int(info.sliceCount),
-                memory_slices=int(placements[0][1]), memory_gb=memory_gb,
+                memory_slices=size, memory_gb=memory_gb,
                 starts=tuple(sorted(start for start, _ in placements)), max_count=int(info.instanceCount),
                 media_extensions=name.endswith("+me") or "+me." in name)
         return profiles
@@ -157,8 +164,8 @@ class NvmlBackend(Backend):
             return []
         return [(int(array[i].start), int(array[i].size)) for i in range(count.value)]
 
-    def _profile_name(self, info: Any, index: int) -> tuple[str, float]:
-        """("3g.40gb", 40.0): NVML's own name when the V2 info has it, else the nvidia-smi convention."""
+    def _profile_name(self, info: Any, index: int, nominal_gb: float | None) -> tuple[str, float]:
+        """("3g.40gb", 40.0): NVML's own name when the V2 info has it, else NVIDIA's naming rule."""
         reported = _text(getattr(info, "name", b"") or b"").strip()
         if reported.upper().startswith("MIG "):
             reported = reported[4:].strip()
@@ -166,8 +173,10 @@ class NvmlBackend(Backend):
         if match:
             return reported, float(match.group(2))
         nv = self.nv
-        # nvidia-smi rounds the profile's memory up to whole GB ("3g.40gb" for 40192 MB).
-        memory_gb = float(math.ceil(int(info.memorySizeMB) / 1024 - 0.05))
+        # Names use the board's nominal memory shared by memory slices, rounded half up (H200: 141 GB
+        # x 4/8 = 70.5 -> "3g.71gb"), not the usable MiB NVML reports (40192 MB for "3g.40gb").
+        raw = nominal_gb if nominal_gb is not None else int(info.memorySizeMB) / 1024
+        memory_gb = float(math.floor(raw + 0.5))
         suffix = {getattr(nv, "NVML_GPU_INSTANCE_PROFILE_1_SLICE_REV1", -1): "+me",
                   getattr(nv, "NVML_GPU_INSTANCE_PROFILE_2_SLICE_REV1", -1): "+me",
                   getattr(nv, "NVML_GPU_INSTANCE_PROFILE_1_SLICE_ALL_ME", -1): "+me.all",
