@@ -22,7 +22,10 @@ ROLLUP_FIELDS = (("util", "util"), ("mem_used_mib", "mem_used"), ("temp_c", "tem
 
 @dataclass
 class _Agg:
+    """Running min/avg/max of one GPU-minute; a null reading counts in `n` but not in that metric."""
+
     n: int = 0
+    counts: list = field(default_factory=lambda: [0] * len(ROLLUP_FIELDS))
     sums: list = field(default_factory=lambda: [0.0] * len(ROLLUP_FIELDS))
     mins: list = field(default_factory=lambda: [float("inf")] * len(ROLLUP_FIELDS))
     maxs: list = field(default_factory=lambda: [float("-inf")] * len(ROLLUP_FIELDS))
@@ -30,7 +33,10 @@ class _Agg:
     def add(self, sample: dict) -> None:
         self.n += 1
         for i, (key, _) in enumerate(ROLLUP_FIELDS):
-            v = sample[key]
+            v = sample.get(key)
+            if v is None:
+                continue
+            self.counts[i] += 1
             self.sums[i] += v
             if v < self.mins[i]:
                 self.mins[i] = v
@@ -119,8 +125,8 @@ def _write(latest: dict, rollups: dict, heard: dict) -> None:
         # GPUs may have been deleted since their samples arrived: write only those that still exist.
         alive = set(Gpu.objects.filter(pk__in=set(latest) | {k[0] for k in rollups}).values_list("pk", flat=True))
         GpuMetricLatest.objects.bulk_create(
-            [GpuMetricLatest(gpu_id=gid, at=_dt(ts), util=s["util"], mem_used_mib=s["mem_used_mib"],
-                             mem_total_mib=s["mem_total_mib"], temp_c=s["temp_c"], power_w=s["power_w"],
+            [GpuMetricLatest(gpu_id=gid, at=_dt(ts), util=s.get("util"), mem_used_mib=s.get("mem_used_mib"),
+                             mem_total_mib=s.get("mem_total_mib"), temp_c=s.get("temp_c"), power_w=s.get("power_w"),
                              sm_clock_mhz=s.get("sm_clock_mhz"), ecc_sbe=s.get("ecc_sbe"), ecc_dbe=s.get("ecc_dbe"))
              for gid, (ts, s) in latest.items() if gid in alive],
             update_conflicts=True, unique_fields=["gpu"],
@@ -132,9 +138,10 @@ def _write(latest: dict, rollups: dict, heard: dict) -> None:
                 continue
             values = {}
             for i, (_, col) in enumerate(ROLLUP_FIELDS):
-                values[f"{col}_min"] = agg.mins[i]
-                values[f"{col}_avg"] = agg.sums[i] / agg.n
-                values[f"{col}_max"] = agg.maxs[i]
+                seen = agg.counts[i] > 0
+                values[f"{col}_min"] = agg.mins[i] if seen else None
+                values[f"{col}_avg"] = agg.sums[i] / agg.counts[i] if seen else None
+                values[f"{col}_max"] = agg.maxs[i] if seen else None
             rows.append(GpuMetricRollup(gpu_id=gid, minute=_dt(minute), samples=agg.n, **values))
         GpuMetricRollup.objects.bulk_create(
             rows, update_conflicts=True, unique_fields=["gpu", "minute"],

@@ -7,18 +7,18 @@ class GpuMetricRollup(models.Model):
     gpu = models.ForeignKey("scheduler.Gpu", related_name="rollups", on_delete=models.CASCADE)
     minute = models.DateTimeField(help_text="start of the minute (UTC)")
     samples = models.PositiveIntegerField()
-    util_min = models.FloatField()
-    util_avg = models.FloatField()
-    util_max = models.FloatField()
-    mem_used_min = models.FloatField()
-    mem_used_avg = models.FloatField()
-    mem_used_max = models.FloatField()
-    temp_min = models.FloatField()
-    temp_avg = models.FloatField()
-    temp_max = models.FloatField()
-    power_min = models.FloatField()
-    power_avg = models.FloatField()
-    power_max = models.FloatField()
+    util_min = models.FloatField(null=True, blank=True)
+    util_avg = models.FloatField(null=True, blank=True)
+    util_max = models.FloatField(null=True, blank=True)
+    mem_used_min = models.FloatField(null=True, blank=True)
+    mem_used_avg = models.FloatField(null=True, blank=True)
+    mem_used_max = models.FloatField(null=True, blank=True)
+    temp_min = models.FloatField(null=True, blank=True)
+    temp_avg = models.FloatField(null=True, blank=True)
+    temp_max = models.FloatField(null=True, blank=True)
+    power_min = models.FloatField(null=True, blank=True)
+    power_avg = models.FloatField(null=True, blank=True)
+    power_max = models.FloatField(null=True, blank=True)
 
     class Meta:
         ordering = ["gpu", "minute"]
@@ -29,16 +29,18 @@ class GpuMetricRollup(models.Model):
 
 
 class GpuMetricLatest(models.Model):
-    """The latest sample of a GPU, upserted in batches by the gateway's flusher (one row per GPU)."""
+    """The latest sample of a GPU, upserted in batches by the gateway's flusher (one row per GPU).
+
+    A reading the GPU cannot give (NVML has no whole-GPU utilisation in MIG mode) is null."""
 
     gpu = models.OneToOneField("scheduler.Gpu", primary_key=True, related_name="latest",
                                on_delete=models.CASCADE)
     at = models.DateTimeField()
-    util = models.FloatField()
-    mem_used_mib = models.FloatField()
-    mem_total_mib = models.FloatField()
-    temp_c = models.FloatField()
-    power_w = models.FloatField()
+    util = models.FloatField(null=True, blank=True)
+    mem_used_mib = models.FloatField(null=True, blank=True)
+    mem_total_mib = models.FloatField(null=True, blank=True)
+    temp_c = models.FloatField(null=True, blank=True)
+    power_w = models.FloatField(null=True, blank=True)
     sm_clock_mhz = models.FloatField(null=True, blank=True)
     ecc_sbe = models.BigIntegerField(null=True, blank=True)
     ecc_dbe = models.BigIntegerField(null=True, blank=True)

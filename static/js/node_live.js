@@ -8,12 +8,15 @@
   const WINDOW = 120; // seconds kept on screen
   const palette = ["#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777",
                    "#4b5563", "#65a30d", "#7c3aed", "#0d9488"];
+  // A reading the GPU cannot give arrives as null (e.g. whole-GPU utilisation in MIG mode): a gap.
+  const num = (v, f) => (v === null || v === undefined ? null : f(v));
   const metrics = {
-    util: (g) => g.util,
-    mem: (g) => g.mem_used_mib / 1024,
-    temp: (g) => g.temp_c,
-    power: (g) => g.power_w,
+    util: (g) => num(g.util, (v) => v),
+    mem: (g) => num(g.mem_used_mib, (v) => v / 1024),
+    temp: (g) => num(g.temp_c, (v) => v),
+    power: (g) => num(g.power_w, (v) => v),
   };
+  const show = (v, unit) => (v === null || v === undefined ? "—" : Math.round(v) + unit);
   const charts = {};
   let gpuOrder = []; // uuids in series order
   const times = [];
@@ -53,10 +56,10 @@
     for (const g of msg.gpus) {
       const row = document.querySelector('tr[data-gpu="' + g.uuid + '"]');
       if (!row) continue;
-      row.querySelector('[data-field="util"]').textContent = Math.round(g.util) + "%";
-      row.querySelector('[data-field="mem"]').textContent = Math.round(g.mem_used_mib) + " / " + Math.round(g.mem_total_mib) + " MiB";
-      row.querySelector('[data-field="temp"]').textContent = Math.round(g.temp_c) + " °C";
-      row.querySelector('[data-field="power"]').textContent = Math.round(g.power_w) + " W";
+      row.querySelector('[data-field="util"]').textContent = show(g.util, "%");
+      row.querySelector('[data-field="mem"]').textContent = show(g.mem_used_mib, "") + " / " + show(g.mem_total_mib, " MiB");
+      row.querySelector('[data-field="temp"]').textContent = show(g.temp_c, " °C");
+      row.querySelector('[data-field="power"]').textContent = show(g.power_w, " W");
     }
     root.dataset.samples = String(times.length);
   }
