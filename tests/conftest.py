@@ -1,0 +1,34 @@
+"""Shared fixtures. Core tests need no database; fleet tests use it; `postgres` tests need PostgreSQL."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def pytest_collection_modifyitems(config, items):
+    on_postgres = os.environ.get("DATABASE_URL", "").startswith(("postgres://", "postgresql://"))
+    skip_pg = pytest.mark.skip(reason="needs PostgreSQL: set DATABASE_URL=postgres://... (CI does)")
+    for item in items:
+        if "postgres" in item.keywords and not on_postgres:
+            item.add_marker(skip_pg)
+
+
+@pytest.fixture
+def python() -> str:
+    return sys.executable
+
+
+@pytest.fixture(autouse=True)
+def _gpu_catalog(request):
+    """Transactional tests flush the tables between tests, the seeded catalog with them: put it back."""
+    marker = request.node.get_closest_marker("django_db")
+    if marker and (marker.kwargs.get("transaction") or (marker.args and marker.args[0])):
+        from scheduler.services.catalog import catalog_sync
+
+        request.getfixturevalue("django_db_setup")
+        catalog_sync()
