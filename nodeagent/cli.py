@@ -13,8 +13,7 @@ from urllib.parse import urlparse
 from . import __version__
 from .backends.base import Backend
 
-EXIT_USAGE = 2
-EXIT_NO_NVML = 2
+EXIT_NO_NVML = 2  # same as argparse's usage errors: the command cannot run as given here
 
 log = logging.getLogger("nodeagent")
 

@@ -75,6 +75,8 @@ class Agent:
                 log.warning("disconnected from %s (close code %s)", self.server, _close_code(exc))
             except (OSError, InvalidHandshake, TimeoutError, protocol.ProtocolError) as exc:
                 log.warning("cannot reach %s: %s", self.server, exc or type(exc).__name__)
+            except Exception:  # e.g. the backend failed to take inventory: keep the agent alive, retry
+                log.exception("session with %s failed", self.server)
             if self._stop.is_set():
                 break
             delay = self.backoff.next_delay()

@@ -187,3 +187,23 @@ async def test_backoff_grows_with_full_jitter_and_resets():
     assert ceilings[:4] == [0.5, 1.0, 2.0, 4.0] and ceilings[-1] == 30
     backoff.reset()
     assert backoff.ceiling() == 0.5
+
+
+async def test_a_failing_inventory_is_retried_not_fatal(monkeypatch):
+    gateway = Gateway(interval=0.05)
+    async with running(gateway) as (agent, backend, task):
+        real = backend.inventory
+        calls = []
+
+        def flaky():
+            calls.append(1)
+            if len(calls) == 1:
+                raise RuntimeError("driver busy")
+            return real()
+
+        monkeypatch.setattr(backend, "inventory", flaky)
+        # The patch may land after the first hello; force a reconnect so the flaky call is used.
+        await until(lambda: gateway.ws is not None)
+        await gateway.ws.close(1012, "restart")
+        await until(lambda: len(calls) >= 2 and agent.sessions >= 2)
+        assert not task.done()
