@@ -23,7 +23,7 @@ import heapq
 from collections import Counter, defaultdict
 from typing import Literal, Sequence
 
-from . import preemption
+from . import mig, preemption
 from .filters import DEFAULT_FILTERS, Filter
 from .model import Decision, GpuState, NodeState, Placement, Request
 from .placement import Option, multi_option, single_option
@@ -116,28 +116,62 @@ class Scheduler:
         return single_option(self.pool, node, recs[0].gpu, request, idx=recs[0].idx)
 
     def first_refusal(self, request: Request, node: NodeState, gpu: GpuState,
-                      node_cache: dict | None = None, *, skip: frozenset[str] = frozenset()) -> str | None:
-        """The first filter's reason for refusing `gpu`, or None when every filter passes."""
+                      cache: dict | None = None, *, skip: frozenset[str] = frozenset()) -> str | None:
+        """The first filter's reason for refusing `gpu`, or None when every filter passes. `cache` (one
+        dict per decision) reuses model- and node-scope answers."""
         for i, f in enumerate(self.filters):
             if f.name in skip:
                 continue
-            if f.scope == "node" and node_cache is not None:
-                key = (i, node.id)
-                if key not in node_cache:
-                    node_cache[key] = f.check(request, node, gpu, self.pool)
-                reason = node_cache[key]
+            if cache is not None and f.scope != "gpu":
+                key = (i, node.id) if f.scope == "node" else (i, gpu.model, gpu.geometry is None)
+                if key in cache:
+                    reason = cache[key]
+                else:
+                    reason = cache[key] = f.check(request, node, gpu, self.pool)
             else:
                 reason = f.check(request, node, gpu, self.pool)
             if reason:
                 return reason
         return None
 
+    def alive_kinds(self, request: Request, counts: Counter | None = None) -> set[tuple[str, bool]]:
+        """(model, MIG off) kinds that pass the leading model-scope filters; the refused ones are added
+        to `counts` in bulk."""
+        lead = []
+        for f in self.filters:
+            if f.scope != "model":
+                break
+            lead.append(f)
+        alive: set[tuple[str, bool]] = set()
+        for kind, recs in self.pool.by_kind.items():
+            rep = recs[0]
+            reason = next((r for f in lead if (r := f.check(request, rep.node, rep.gpu, self.pool))), None)
+            if reason is None:
+                alive.add(kind)
+            elif counts is not None:
+                counts[reason] += len(recs)
+        return alive
+
     def reasons(self, request: Request) -> dict[str, int]:
-        """Every GPU's first refusal, counted (the same in both modes)."""
+        """Every GPU's first refusal, counted (the same in both modes).
+
+        Counted in bulk where it is safe: a refusal by the leading model-scope filters covers every GPU of
+        that model and MIG mode; GPUs of one node with the same model, MIG mode, health and placeable
+        profiles (pool.node_groups) get the same answer from every groupable filter, so one is checked."""
+        pool = self.pool
         counts: Counter[str] = Counter()
         cache: dict = {}
-        for rec in self.pool.records:
-            counts[self.first_refusal(request, rec.node, rec.gpu, cache) or "fits"] += 1
+        if not all(getattr(f, "groupable", True) for f in self.filters):
+            for rec in pool.records:
+                counts[self.first_refusal(request, rec.node, rec.gpu, cache) or "fits"] += 1
+            counts.pop("fits", None)
+            return dict(counts)
+        alive = self.alive_kinds(request, counts)
+        for node_id, groups in pool.node_groups.items():
+            for sig, members in groups.items():
+                if (sig[0], sig[1]) in alive:
+                    rec = pool.records[next(iter(members))]
+                    counts[self.first_refusal(request, rec.node, rec.gpu, cache) or "fits"] += len(members)
         counts.pop("fits", None)
         return dict(counts)
 
@@ -185,20 +219,18 @@ class Scheduler:
         pool = self.pool
         out = []
         wl = DEFAULT_WEIGHTS.get("latency")
-        models = pool.by_model.keys() if request.models is None else request.models
-        for model in models:
-            recs = pool.by_model.get(model)
-            if not recs:
-                continue
-            keys = {FIXED}
-            if request.wants_whole:
+        alive = self.alive_kinds(request)
+        for model in sorted({m for m, _ in alive}):
+            keys = {FIXED} if (model, True) in alive else set()
+            if (model, False) not in alive:
+                pass
+            elif request.wants_whole:
                 keys.add(WHOLE)
-            else:
-                mig_rec = next((r for r in recs if r.gpu.geometry is not None), None)
-                if mig_rec is not None:
-                    profile, reason = pool.slice_for(mig_rec.gpu, request)
-                    if reason is None and profile is not None:
-                        keys.add(profile)
+            elif (g := pool.spec(model).mig) is not None:
+                p = mig.smallest_fitting_profile(g, memory_gb=request.memory_gb,
+                                                 compute_slices=request.compute_slices)
+                if p is not None:
+                    keys.add(p.name)
             for key in keys:
                 for region, lst in pool.avail.get((model, key), {}).items():
                     if lst and (request.regions is None or region in request.regions):
@@ -228,7 +260,7 @@ class Scheduler:
             seen.add(idx)
             rec: GpuRecord = pool.records[idx]
             if request.gpu_count > 1:
-                if rec.node.id in seen_nodes:
+                if rec.node.id in seen_nodes or pool.node_free[rec.node.id] < request.gpu_count:
                     continue
                 seen_nodes.add(rec.node.id)
                 gpus = [(r.idx, r.gpu) for r in pool.by_node[rec.node.id]

@@ -4,7 +4,9 @@ Reasons are counted per GPU in `Decision.reasons`, so they are worded to read we
 ("200 wrong model", "12 cuda 12.2 < required 12.4") and carry only request-wide numbers, not per-GPU ones,
 so that counts group. A GPU is charged to the first filter that refuses it, in the order of `DEFAULT_FILTERS`.
 
-`scope` says what a result depends on: "node" results are computed once per node and reused for its GPUs.
+`scope` says what a result depends on besides the request: "model" = the GPU's model and MIG mode only,
+"node" = the node only, "gpu" = anything about the GPU and its node. The scheduler reuses results by scope
+(once per model kind, once per node), and counts reasons in bulk where a leading run of filters allows it.
 
 Degraded GPUs take spot requests only: spot is interruptible and cheap, so a GPU that may fail soon is still
 worth selling there, while reserved and on-demand buyers are promised capacity that runs (a choice of ours;
@@ -18,7 +20,7 @@ from .gpus import GpuModelSpec
 from .model import GpuState, NodeState, Request
 from .pricing import slice_price, slice_share
 
-Scope = Literal["node", "gpu"]
+Scope = Literal["model", "node", "gpu"]
 
 
 def version_tuple(v: str) -> tuple[int, ...]:
@@ -44,8 +46,12 @@ class PoolView(Protocol):
 
 
 class Filter:
+    """A hard constraint. `groupable`: the answer depends on the GPU only through its model, MIG mode,
+    health and what can be placed on it now (so `Scheduler.reasons` may check one GPU per such group)."""
+
     name: str = "filter"
     scope: Scope = "gpu"
+    groupable: bool = True
 
     def check(self, request: Request, node: NodeState, gpu: GpuState, view: PoolView) -> str | None:
         raise NotImplementedError
@@ -70,7 +76,7 @@ class GpuHealthy(Filter):
 
 
 class ModelAllowed(Filter):
-    name, scope = "model", "gpu"
+    name, scope = "model", "model"
 
     def check(self, request, node, gpu, view):
         if request.models is not None and gpu.model not in request.models:
@@ -88,7 +94,7 @@ class CudaVersion(Filter):
 
 
 class ComputeCapability(Filter):
-    name, scope = "compute_capability", "gpu"
+    name, scope = "compute_capability", "model"
 
     def check(self, request, node, gpu, view):
         if request.min_compute_capability:
@@ -110,7 +116,7 @@ class RegionAllowed(Filter):
 class MemoryPerSlice(Filter):
     """The GPU (or one of its MIG profiles) offers the memory and compute slices asked for."""
 
-    name, scope = "memory", "gpu"
+    name, scope = "memory", "model"
 
     def check(self, request, node, gpu, view):
         _, reason = view.slice_for(gpu, request)
@@ -160,7 +166,9 @@ class GpusOnOneNode(Filter):
         return None if n >= request.gpu_count else f"fewer than {request.gpu_count} free GPUs on node"
 
 
+# What the model offers first (the biggest, cheapest-to-count groups), then the node, then the GPU itself.
 DEFAULT_FILTERS: tuple[Filter, ...] = (
-    NodeOnline(), GpuHealthy(), ModelAllowed(), CudaVersion(), ComputeCapability(), RegionAllowed(),
-    MemoryPerSlice(), PriceCap(), Capacity(), GpusOnOneNode(),
+    ModelAllowed(), ComputeCapability(), MemoryPerSlice(),
+    NodeOnline(), RegionAllowed(), CudaVersion(),
+    GpuHealthy(), PriceCap(), Capacity(), GpusOnOneNode(),
 )

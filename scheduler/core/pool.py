@@ -32,7 +32,7 @@ class CapacityError(ValueError):
 
 class GpuRecord:
     __slots__ = ("gpu", "node", "idx", "spec", "layout", "avail", "free_frac", "key", "keyed", "schedulable",
-                 "free_whole", "region", "leases")
+                 "free_whole", "region", "leases", "sig")
 
     def __init__(self, gpu: GpuState, node: NodeState, idx: int) -> None:
         self.gpu, self.node, self.idx = gpu, node, idx
@@ -46,6 +46,7 @@ class GpuRecord:
         self.free_whole = False
         self.region = node.region
         self.leases: frozenset[str] = frozenset()
+        self.sig: tuple | None = None
 
 
 class Pool:
@@ -57,6 +58,9 @@ class Pool:
         self._by_uuid: dict[str, GpuRecord] = {}
         self.by_model: dict[str, list[GpuRecord]] = defaultdict(list)
         self.by_node: dict[str, list[GpuRecord]] = defaultdict(list)
+        self.by_kind: dict[tuple[str, bool], list[GpuRecord]] = defaultdict(list)  # (model, MIG off)
+        # node -> signature -> pool indexes: GPUs of a node that every groupable filter treats alike
+        self.node_groups: dict[str, dict[tuple, dict[int, None]]] = defaultdict(dict)
         self.avail: dict[tuple[str, str], dict[str, list[tuple[float, int]]]] = defaultdict(
             lambda: defaultdict(list))
         self._free_sum: dict[str, float] = defaultdict(float)
@@ -85,6 +89,7 @@ class Pool:
                 self._by_uuid[gpu.uuid] = rec
                 self.by_model[gpu.model].append(rec)
                 self.by_node[node.id].append(rec)
+                self.by_kind[(gpu.model, gpu.geometry is None)].append(rec)
                 self._refresh(rec)
 
     # --- what filters and scorers ask (filters.PoolView) -----------------------------------------------
@@ -281,6 +286,14 @@ class Pool:
         for name in avail:
             bisect.insort(self.avail[(model, name)][rec.region], (-rec.key, rec.idx))
         rec.avail = avail
+        groups = self.node_groups[rec.node.id]
+        if rec.sig is not None:
+            members = groups[rec.sig]
+            del members[rec.idx]
+            if not members:
+                del groups[rec.sig]
+        rec.sig = (model, g.geometry is None, g.health, avail)
+        groups.setdefault(rec.sig, {})[rec.idx] = None
         leases = frozenset(i.lease_id for i in g.instances if i.lease_id)
         for lease in rec.leases - leases:
             self.leases[lease].discard(rec.idx)

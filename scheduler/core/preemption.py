@@ -9,11 +9,12 @@ Rules:
   the placement that becomes possible, then pool order. A lease's value is counted once even when it
   spans several GPUs (its instances all carry the lease's remaining value).
 - every filter except capacity still applies: a cordoned GPU or an offline node is not freed for anyone.
-The search is exact per GPU: it tries every subset of the spot leases on that GPU (at most 2^7 on MIG).
+Per GPU and legal start slot, the leases in the way must go; when a count, compute-slice or media-engine
+limit still refuses, the cheapest further spot leases on that GPU go too (greedy, so not always the
+cheapest possible set in that rare case). The cheapest start wins.
 """
 from __future__ import annotations
 
-from itertools import combinations
 from typing import TYPE_CHECKING
 
 from . import mig
@@ -56,19 +57,33 @@ def cheapest_removal(rec: GpuRecord, profile: str | None) -> tuple[float, int, t
         return (sum(values.values()), len(leases), leases, ())
     geometry = rec.gpu.geometry
     assert geometry is not None
-    names = sorted(values)
+    p = geometry.profile(profile)
     best = None
-    for k in range(0, len(names) + 1):
-        for chosen in combinations(names, k):
-            gone = set(chosen)
-            kept = [mig.Instance(i.profile, i.start) for i in insts  # type: ignore[arg-type]
-                    if not (_preemptible(i) and i.lease_id in gone)]
-            if not mig.legal_starts(geometry, kept, profile):
-                continue
-            cand = (sum(values[c] for c in chosen), k, chosen,
-                    tuple(sorted((x.profile, x.start) for x in kept)))
-            if best is None or cand[:2] < best[:2]:
-                best = cand
+    for start in p.starts:
+        window = ((1 << p.memory_slices) - 1) << start
+        in_way = [i for i in insts
+                  if window & (((1 << geometry.profile(i.profile).memory_slices) - 1) << i.start)]  # type: ignore[arg-type]
+        if not all(_preemptible(i) for i in in_way):
+            continue  # a reserved or on-demand instance holds one of these slices
+        gone = {i.lease_id for i in in_way}
+        while True:
+            kept = [i for i in insts if not (_preemptible(i) and i.lease_id in gone)]
+            reason = mig.why_not(geometry, [mig.Instance(i.profile, i.start) for i in kept],  # type: ignore[arg-type]
+                                 profile, start)
+            if reason is None:
+                break
+            # count, compute or media-engine limit: free the cheapest further spot lease (greedy)
+            extra = sorted((values[lease], lease) for lease in values if lease not in gone)
+            if not extra:
+                break
+            gone.add(extra[0][1])
+        if reason is not None:
+            continue
+        leases = tuple(sorted(gone))  # type: ignore[arg-type]
+        cand = (sum(values[x] for x in leases), len(leases), leases,
+                tuple(sorted((i.profile, i.start) for i in kept)))
+        if best is None or cand[:2] < best[:2]:
+            best = cand
     return best
 
 
@@ -82,8 +97,11 @@ def plan(sched: "Scheduler", request: Request, weights: "Weights") -> Option | N
     pool = sched.pool
     cache: dict = {}
     best: tuple | None = None
+    alive = sched.alive_kinds(request)
     for idx in sorted(pool.spot_gpus):
         rec = pool.records[idx]
+        if (rec.gpu.model, rec.gpu.geometry is None) not in alive:
+            continue  # refused by a model-level filter (wrong model, too little memory, ...)
         if sched.first_refusal(request, rec.node, rec.gpu, cache, skip=_SKIP) is not None:
             continue
         profile, _ = pool.slice_for(rec.gpu, request)
@@ -105,15 +123,22 @@ def _plan_multi(sched: "Scheduler", request: Request, weights: "Weights") -> Opt
     """k whole GPUs on one node, freeing spot-only GPUs on nodes that hold spot leases."""
     pool = sched.pool
     cache: dict = {}
-    nodes = sorted({pool.records[i].node.id for i in pool.spot_gpus})
+    alive = sched.alive_kinds(request)
+    nodes = sorted({pool.records[i].node.id for i in pool.spot_gpus
+                    if (pool.records[i].gpu.model, pool.records[i].gpu.geometry is None) in alive})
     best: tuple | None = None
     for node_id in nodes:
         usable: list[tuple[float, int, int, tuple[str, ...], GpuRecord]] = []
-        for rec in pool.by_node[node_id]:
-            if sched.first_refusal(request, rec.node, rec.gpu, cache, skip=_SKIP) is not None:
+        recs = pool.by_node[node_id]
+        if sum(1 for r in recs if all(_preemptible(i) for i in r.gpu.instances)) < request.gpu_count:
+            continue  # not enough GPUs that are free or hold only spot leases
+        for rec in recs:
+            if (rec.gpu.model, rec.gpu.geometry is None) not in alive:
                 continue
             removal = cheapest_removal(rec, None)
-            if removal is not None:
+            if removal is None:
+                continue
+            if sched.first_refusal(request, rec.node, rec.gpu, cache, skip=_SKIP) is None:
                 usable.append((removal[0], removal[1], rec.idx, removal[2], rec))
         if len(usable) < request.gpu_count:
             continue
