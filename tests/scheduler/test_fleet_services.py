@@ -1,0 +1,218 @@
+"""Fleet services on the database: registration, slices under the geometry, offline, commands, health."""
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from nodeagent import protocol
+from scheduler.errors import Conflict, DomainError
+from scheduler.models import AgentCommand, Gpu, HealthEvent, Node, Slice
+from scheduler.services import commands as command_services
+from scheduler.services import health as health_services
+from scheduler.services import nodes as node_services
+from scheduler.services import slices as slice_services
+from scheduler.services.tokens import token_hash
+from tests.agentframes import hello_from, sim_backend
+from tests.factories import UserFactory, node_with_token
+
+pytestmark = pytest.mark.django_db
+
+
+def online_node(spec="a100-80gb:1,l4:1", hostname="h"):
+    node, token = node_with_token()
+    node_services.node_hello(node_id=node.pk, frame=hello_from(sim_backend(spec, hostname=hostname)))
+    node.refresh_from_db()
+    return node
+
+
+def test_a_registered_node_keeps_only_the_hash_of_its_token():
+    node, token = node_with_token()
+    assert token.startswith("gpm_node_") and len(token) > 40
+    assert node.token_hash == token_hash(token) and token not in node.token_hash
+    assert node_services.node_for_token(token=token) == node
+    assert node_services.node_for_token(token=token + "x") is None
+
+
+def test_rotating_a_token_stops_the_old_one():
+    node, old = node_with_token()
+    new = node_services.node_rotate_token(node=node)
+    assert node_services.node_for_token(token=old) is None
+    assert node_services.node_for_token(token=new) == node
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"name": ""}, "name"), ({"name": "x" * 81}, "name"), ({"name": "ok", "region": ""}, "region"),
+    ({"name": "ok", "price_per_gpu_hour": "-1"}, "price_per_gpu_hour"),
+    ({"name": "ok", "price_per_gpu_hour": "abc"}, "price_per_gpu_hour"),
+])
+def test_registration_refuses_bad_input_and_writes_nothing(kwargs, field):
+    user = UserFactory()
+    with pytest.raises(DomainError) as err:
+        node_services.node_register(provider=user, **kwargs)
+    assert err.value.field == field
+    assert Node.objects.count() == 0
+
+
+def test_the_same_provider_cannot_register_two_nodes_with_one_name():
+    user = UserFactory()
+    node_services.node_register(provider=user, name="rack1")
+    with pytest.raises(Conflict):
+        node_services.node_register(provider=user, name="rack1")
+    assert Node.objects.count() == 1
+
+
+def test_a_slice_claims_a_legal_placement_and_refuses_an_overlap_with_the_geometrys_reason():
+    node = online_node()
+    gpu = node.gpus.get(index=0)
+    a = slice_services.slice_create(gpu_id=gpu.pk, profile="4g.40gb", start=0)
+    b = slice_services.slice_create(gpu_id=gpu.pk, profile="3g.40gb", start=4)
+    assert (a.state, b.state) == (Slice.State.CREATING, Slice.State.CREATING)
+    with pytest.raises(Conflict) as err:
+        slice_services.slice_create(gpu_id=gpu.pk, profile="3g.40gb", start=0)
+    assert "overlaps" in err.value.message
+    with pytest.raises(Conflict, match="no legal placement"):
+        slice_services.slice_create(gpu_id=gpu.pk, profile="1g.10gb")
+    assert Slice.objects.filter(gpu=gpu).count() == 2
+    assert AgentCommand.objects.filter(node=node, op="create_instance").count() == 2
+
+
+def test_a_slice_without_a_start_takes_the_first_legal_one():
+    node = online_node()
+    gpu = node.gpus.get(index=0)
+    slice_services.slice_create(gpu_id=gpu.pk, profile="3g.40gb", start=0)
+    assert slice_services.slice_create(gpu_id=gpu.pk, profile="3g.40gb").start == 4
+
+
+@pytest.mark.parametrize("setup, code", [
+    (lambda node, gpu: Node.objects.filter(pk=node.pk).update(status=Node.Status.OFFLINE), "node_unavailable"),
+    (lambda node, gpu: Node.objects.filter(pk=node.pk).update(status=Node.Status.DRAINING), "node_unavailable"),
+    (lambda node, gpu: health_services.gpu_cordon(gpu_id=gpu.pk, reason="test"), "gpu_cordoned"),
+])
+def test_no_slice_is_carved_on_an_unavailable_node_or_a_cordoned_gpu(setup, code):
+    node = online_node()
+    gpu = node.gpus.get(index=0)
+    setup(node, gpu)
+    with pytest.raises(Conflict) as err:
+        slice_services.slice_create(gpu_id=gpu.pk, profile="1g.10gb", start=0)
+    assert err.value.code == code
+    assert not Slice.objects.exists()
+
+
+def test_a_whole_non_mig_gpu_is_ready_at_once_and_a_mig_gpu_is_taken_whole_as_its_full_profile():
+    node = online_node()
+    l4 = node.gpus.get(index=1)
+    whole = slice_services.slice_create(gpu_id=l4.pk, profile=None)
+    assert whole.state == Slice.State.READY and whole.cuda_visible_devices == l4.uuid
+    a100 = node.gpus.get(index=0)
+    full = slice_services.slice_create(gpu_id=a100.pk, profile=None)
+    assert (full.profile, full.start, full.size) == ("7g.80gb", 0, 8)
+    with pytest.raises(DomainError):
+        slice_services.slice_create(gpu_id=l4.pk, profile="1g.10gb", start=0)
+
+
+def _result(cmd, ok=True, **result):
+    if ok:
+        return protocol.result_ok(id=str(cmd.id), result=result)
+    return protocol.result_error(id=str(cmd.id), code=result["code"], message=result["message"])
+
+
+def test_a_failed_create_releases_the_memory_slices():
+    node = online_node()
+    gpu = node.gpus.get(index=0)
+    sl = slice_services.slice_create(gpu_id=gpu.pk, profile="7g.80gb", start=0)
+    cmd = AgentCommand.objects.get(slice=sl)
+    command_services.command_complete(node_id=node.pk, frame=_result(cmd, ok=False, code="insufficient_resources",
+                                                                     message="In use by another client"))
+    sl.refresh_from_db()
+    assert sl.state == Slice.State.FAILED and "insufficient_resources" in sl.error
+    assert slice_services.slice_create(gpu_id=gpu.pk, profile="7g.80gb", start=0).state == Slice.State.CREATING
+
+
+def test_destroying_a_ready_slice_asks_the_agent_and_frees_it_on_confirmation():
+    node = online_node()
+    gpu = node.gpus.get(index=0)
+    sl = slice_services.slice_create(gpu_id=gpu.pk, profile="2g.20gb", start=2)
+    command_services.command_complete(node_id=node.pk, frame=_result(AgentCommand.objects.get(slice=sl),
+                                                                     instance_uuid="MIG-abc"))
+    slice_services.slice_destroy(slice_id=sl.pk)
+    sl.refresh_from_db()
+    assert sl.state == Slice.State.DESTROYING
+    destroy = AgentCommand.objects.get(slice=sl, op="destroy_instance")
+    assert destroy.args == {"gpu_uuid": gpu.uuid, "instance_uuid": "MIG-abc"}
+    command_services.command_complete(node_id=node.pk, frame=_result(destroy, ok=True))
+    sl.refresh_from_db()
+    assert sl.state == Slice.State.DESTROYED and sl.ended_at is not None
+
+
+def test_commands_past_their_deadline_time_out_and_fail_their_slice():
+    node = online_node()
+    gpu = node.gpus.get(index=0)
+    sl = slice_services.slice_create(gpu_id=gpu.pk, profile="1g.10gb", start=3)
+    assert command_services.commands_expire(now=timezone.now()) == 0
+    assert command_services.commands_expire(now=timezone.now() + timedelta(hours=1)) == 1
+    sl.refresh_from_db()
+    assert sl.state == Slice.State.FAILED
+    assert AgentCommand.objects.get(slice=sl).state == AgentCommand.State.TIMED_OUT
+
+
+def test_nodes_silent_past_the_heartbeat_timeout_go_offline_and_come_back_when_heard(settings):
+    settings.FLEET = {**settings.FLEET, "HEARTBEAT_TIMEOUT_SECONDS": 10}
+    fresh, stale = online_node(hostname="fresh"), online_node(hostname="stale")
+    now = timezone.now()
+    Node.objects.filter(pk=stale.pk).update(last_heartbeat=now - timedelta(seconds=11))
+    Node.objects.filter(pk=fresh.pk).update(last_heartbeat=now - timedelta(seconds=9))
+    assert node_services.nodes_mark_offline(now=now) == [stale.pk]
+    assert Node.objects.get(pk=stale.pk).status == Node.Status.OFFLINE
+    assert Node.objects.get(pk=fresh.pk).status == Node.Status.ONLINE
+    assert HealthEvent.objects.filter(node=stale, kind="offline").count() == 1
+    node_services.nodes_heartbeat(node_ids=[stale.pk], at=now)
+    assert Node.objects.get(pk=stale.pk).status == Node.Status.ONLINE
+
+
+def test_a_reconnecting_agent_adopts_instances_made_on_the_host_and_fails_slices_that_vanished():
+    node, token = node_with_token()
+    backend = sim_backend("a100-80gb:1", hostname="r")
+    node_services.node_hello(node_id=node.pk, frame=hello_from(backend))
+    gpu = node.gpus.get()
+    sl = slice_services.slice_create(gpu_id=gpu.pk, profile="3g.40gb", start=0)
+    command_services.command_complete(node_id=node.pk, frame=_result(AgentCommand.objects.get(slice=sl),
+                                                                     instance_uuid="MIG-gone"))
+    made_by_hand = backend.create_instance(gpu.uuid, "3g.40gb", 4)
+    node_services.node_hello(node_id=node.pk, frame=hello_from(backend))
+    sl.refresh_from_db()
+    assert sl.state == Slice.State.FAILED
+    adopted = Slice.objects.get(instance_uuid=made_by_hand["instance_uuid"])
+    assert (adopted.profile, adopted.start, adopted.state) == ("3g.40gb", 4, Slice.State.READY)
+
+
+@pytest.mark.parametrize("sample, previous_dbe, expect", [
+    ({"temp_c": 89.9}, None, []),
+    ({"temp_c": 90}, None, ["temperature"]),
+    ({"ecc_dbe": 0}, None, []),
+    ({"ecc_dbe": 2}, None, ["ECC"]),
+    ({"ecc_dbe": 2}, 2, []),  # no new errors since the operator's uncordon
+    ({"ecc_dbe": 3}, 2, ["ECC"]),
+    ({"xid": [13]}, None, []),  # graphics engine exception: an application error, not the GPU's
+    ({"xid": [79]}, None, ["XID"]),
+    ({"temp_c": 95, "xid": [48]}, None, ["temperature", "XID"]),
+])
+def test_health_thresholds_decide_what_cordons_a_gpu(sample, previous_dbe, expect):
+    thresholds = health_services.Thresholds(90.0, 0, frozenset({48, 79}))
+    reasons = health_services.sample_violations(sample, thresholds, previous_dbe=previous_dbe)
+    assert len(reasons) == len(expect)
+    assert all(keyword in reason for keyword, reason in zip(expect, reasons))
+
+
+def test_cordon_and_uncordon_are_idempotent_and_logged():
+    node = online_node()
+    gpu = node.gpus.get(index=0)
+    assert health_services.gpu_cordon(gpu_id=gpu.pk, reason="fan failure", by="op")
+    assert not health_services.gpu_cordon(gpu_id=gpu.pk, reason="again", by="op")
+    gpu.refresh_from_db()
+    assert gpu.health == Gpu.Health.CORDONED and "fan failure" in gpu.health_reason
+    assert health_services.gpu_uncordon(gpu_id=gpu.pk)
+    assert not health_services.gpu_uncordon(gpu_id=gpu.pk)
+    assert list(HealthEvent.objects.filter(gpu=gpu).order_by("created_at").values_list("kind", flat=True)) == [
+        "cordon", "uncordon"]
