@@ -12,6 +12,7 @@ from scheduler.core import gpus as core_gpus
 from scheduler.core import mig as core_mig
 from scheduler.errors import Conflict, DomainError, PermissionDenied
 from scheduler.models import Gpu, GpuModel, HealthEvent, Node, Slice
+from scheduler.signals import node_offline
 
 from .events import announce_node
 from .tokens import token_hash, token_new
@@ -175,6 +176,8 @@ def nodes_mark_offline(*, now: datetime | None = None) -> list:
             HealthEvent(node_id=pk, kind="offline",
                         message=f"no heartbeat for {settings.FLEET['HEARTBEAT_TIMEOUT_SECONDS']:g} s")
             for pk in stale])
+        for pk in stale:
+            node_offline.send(sender=Node, node_id=pk, at=now)
     for pk in stale:
         transaction.on_commit(lambda pk=pk: announce_node(pk, {"status": Node.Status.OFFLINE}))
     return stale

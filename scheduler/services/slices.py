@@ -13,6 +13,7 @@ from django.utils import timezone
 from scheduler.core import mig as core_mig
 from scheduler.errors import Conflict, DomainError
 from scheduler.models import AgentCommand, Gpu, Node, Slice
+from scheduler.signals import slice_destroyed, slice_failed, slice_ready
 
 from .commands import command_issue
 from .events import announce_node
@@ -100,6 +101,7 @@ def slice_destroy(*, slice_id) -> Slice:
             # still-pending create is answered later; its result then destroys the orphan instance.
             sl.state, sl.ended_at = Slice.State.DESTROYED, timezone.now()
             sl.save(update_fields=["state", "ended_at"])
+            slice_destroyed.send(sender=Slice, slice=sl, at=sl.ended_at)
     transaction.on_commit(lambda: announce_node(sl.gpu.node_id, {"slice": str(sl.pk), "state": sl.state}))
     return sl
 
@@ -112,6 +114,9 @@ def slice_command_finished(*, command: AgentCommand, at: datetime) -> None:
         if ok and sl.state == Slice.State.CREATING:
             sl.state, sl.ready_at = Slice.State.READY, at
             sl.instance_uuid = str(command.result.get("instance_uuid", ""))[:80]
+            sl.save()
+            slice_ready.send(sender=Slice, slice=sl, at=at)
+            return
         elif ok:
             # The slice was given up while the agent was carving: destroy what it made.
             command_issue(node=sl.gpu.node, op="destroy_instance",
@@ -120,11 +125,14 @@ def slice_command_finished(*, command: AgentCommand, at: datetime) -> None:
         elif sl.state == Slice.State.CREATING:
             sl.state, sl.ended_at = Slice.State.FAILED, at
             sl.error = f"{command.error_code}: {command.error_message}"[:300]
-        sl.save()
+            sl.save()
+            slice_failed.send(sender=Slice, slice=sl, at=at, reason=sl.error)
     elif command.op == "destroy_instance":
         # not_found means the instance is already gone: the capacity is free either way.
         if ok or command.error_code == "not_found":
             sl.state, sl.ended_at = Slice.State.DESTROYED, at
+            sl.save()
+            slice_destroyed.send(sender=Slice, slice=sl, at=at)
         else:
             sl.error = f"destroy failed: {command.error_code}: {command.error_message}"[:300]
-        sl.save()
+            sl.save()
