@@ -14,6 +14,7 @@ the brief leaves it open).
 """
 from __future__ import annotations
 
+import re
 from typing import Literal, Protocol
 
 from .gpus import GpuModelSpec
@@ -26,9 +27,9 @@ Scope = Literal["model", "node", "gpu"]
 def version_tuple(v: str) -> tuple[int, ...]:
     """"12.10" -> (12, 10): versions compare numerically, not as strings ("12.10" > "12.9")."""
     out = []
-    for part in v.strip().split("."):
-        digits = "".join(ch for ch in part if ch.isdigit())
-        out.append(int(digits) if digits else 0)
+    for part in v.strip().lstrip("vV").split("."):
+        m = re.match(r"\d+", part)  # "4-rc1" -> 4: a suffix never outranks the number
+        out.append(int(m.group()) if m else 0)
     while len(out) > 1 and out[-1] == 0:
         out.pop()
     return tuple(out)
