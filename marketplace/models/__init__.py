@@ -1,4 +1,6 @@
 """Market models, split by domain: accounts (API keys), billing (money), market (orders, leases, ...)."""
 from .accounts import ApiKey
+from .billing import Account, LedgerEntry, LedgerTransaction, Payment, Project, StripeEvent, UsageRecord
 
 __all__ = ["ApiKey"]
+__all__ += ["Account", "LedgerEntry", "LedgerTransaction", "Payment", "Project", "StripeEvent", "UsageRecord"]

@@ -1,0 +1,188 @@
+"""Money: projects, accounts, a double-entry ledger, Stripe payments and events, per-minute usage records.
+
+Sign convention of the ledger: a LedgerEntry's amount is what it adds to its account's balance (positive
+= the account holds more, negative = less), and the entries of one LedgerTransaction sum to exactly zero.
+A top-up is stripe_clearing -X / wallet +X, so platform accounts may go negative (stripe_clearing is the
+money the platform owes back to the outside world); user accounts may not.
+
+The market's Lease and Order live in models/market.py and are built in parallel; to keep the migration graph
+free of a cycle, transactions and usage records refer to them by plain indexed UUID columns (lease_id,
+order_id) rather than foreign keys.
+"""
+from __future__ import annotations
+
+import uuid
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import models
+from django.db.models import Q
+
+MONEY = {"max_digits": 18, "decimal_places": 6}  # micro-dollars; never float
+
+
+class Project(models.Model):
+    """A buyer's project: orders, leases and usage are grouped by it on statements."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="projects", on_delete=models.CASCADE)
+    name = models.CharField(max_length=80)
+    description = models.CharField(max_length=400, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [models.UniqueConstraint(fields=["user", "name"], name="project_name_unique_per_user")]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Account(models.Model):
+    class Kind(models.TextChoices):
+        WALLET = "wallet", "buyer wallet"
+        EARNINGS = "earnings", "provider earnings"
+        PLATFORM_FEES = "platform_fees", "platform fees"
+        STRIPE_CLEARING = "stripe_clearing", "Stripe clearing"
+        PROMOTIONS = "promotions", "promotions and credits"
+
+    USER_KINDS = (Kind.WALLET, Kind.EARNINGS)
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, related_name="money_accounts",
+                             on_delete=models.PROTECT)
+    kind = models.CharField(max_length=20, choices=Kind.choices)
+    currency = models.CharField(max_length=3, default="usd")
+    # A cache of sum(entries), updated in the same transaction as the entries; ledger_check() proves it.
+    balance = models.DecimalField(**MONEY, default=Decimal("0"))
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["pk"]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "kind"], name="account_unique_per_user_kind"),
+            # NULLs are distinct in a unique index: one platform account per kind needs its own constraint.
+            models.UniqueConstraint(fields=["kind"], condition=Q(user__isnull=True), name="platform_account_unique"),
+            models.CheckConstraint(condition=~Q(kind="wallet") | Q(balance__gte=0), name="wallet_balance_not_negative"),
+            models.CheckConstraint(condition=Q(user__isnull=False, kind__in=["wallet", "earnings"])
+                                   | Q(user__isnull=True) & ~Q(kind__in=["wallet", "earnings"]),
+                                   name="account_owner_matches_kind"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.user_id or 'platform'}"
+
+
+class LedgerTransaction(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    kind = models.CharField(max_length=32, db_index=True)  # topup, refund, usage, reservation, resale, credit, ...
+    memo = models.CharField(max_length=400)
+    idempotency_key = models.CharField(max_length=200, unique=True, null=True, blank=True)
+    lease_id = models.UUIDField(null=True, blank=True, db_index=True)
+    order_id = models.UUIDField(null=True, blank=True, db_index=True)
+    project = models.ForeignKey(Project, null=True, blank=True, related_name="transactions", on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.memo}"
+
+
+class LedgerEntry(models.Model):
+    transaction = models.ForeignKey(LedgerTransaction, related_name="entries", on_delete=models.PROTECT)
+    account = models.ForeignKey(Account, related_name="entries", on_delete=models.PROTECT)
+    amount = models.DecimalField(**MONEY)  # what it adds to the account's balance; entries of a transaction sum to 0
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at", "-pk"]
+        indexes = [models.Index(fields=["account", "created_at"], name="ledgerentry_account_time")]
+        constraints = [models.CheckConstraint(condition=~Q(amount=0), name="ledgerentry_amount_not_zero")]
+
+    def __str__(self) -> str:
+        return f"{self.account} {self.amount:+}"
+
+
+class Payment(models.Model):
+    """A wallet top-up through a Stripe PaymentIntent."""
+
+    class Status(models.TextChoices):
+        REQUIRES_PAYMENT_METHOD = "requires_payment_method"
+        PROCESSING = "processing"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+        REFUNDED = "refunded"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="payments", on_delete=models.PROTECT)
+    stripe_payment_intent_id = models.CharField(max_length=255, unique=True)
+    amount = models.DecimalField(max_digits=12, decimal_places=2)  # dollars, whole cents
+    refunded_amount = models.DecimalField(max_digits=12, decimal_places=2, default=Decimal("0"))
+    currency = models.CharField(max_length=3, default="usd")
+    status = models.CharField(max_length=32, choices=Status.choices, default=Status.REQUIRES_PAYMENT_METHOD)
+    failure_message = models.CharField(max_length=400, blank=True, default="")
+    decline_code = models.CharField(max_length=80, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(condition=Q(amount__gt=0), name="payment_amount_positive"),
+            models.CheckConstraint(condition=Q(refunded_amount__gte=0) & Q(refunded_amount__lte=models.F("amount")),
+                                   name="payment_refund_within_amount"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.stripe_payment_intent_id} {self.amount} {self.status}"
+
+
+class StripeEvent(models.Model):
+    """A verified Stripe webhook event, stored once: its unique id makes redelivery harmless."""
+
+    event_id = models.CharField(max_length=255, unique=True)
+    type = models.CharField(max_length=100)
+    received_at = models.DateTimeField(auto_now_add=True)
+    processed = models.BooleanField(default=False)
+    payload = models.JSONField(default=dict)
+
+    class Meta:
+        ordering = ["-received_at"]
+
+    def __str__(self) -> str:
+        return f"{self.event_id} {self.type}"
+
+
+class UsageRecord(models.Model):
+    """What one lease used in one minute and what it cost; charged by the ledger transaction it points to."""
+
+    lease_id = models.UUIDField()
+    order_id = models.UUIDField(null=True, blank=True, db_index=True)
+    buyer = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="usage_records", on_delete=models.PROTECT)
+    provider = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="provided_usage", on_delete=models.PROTECT)
+    project = models.ForeignKey(Project, null=True, blank=True, related_name="usage_records", on_delete=models.SET_NULL)
+    node_id = models.UUIDField(null=True, blank=True, db_index=True)
+    gpu_model = models.CharField(max_length=40)  # GpuModel key, e.g. "h100-80gb"
+    profile = models.CharField(max_length=30)  # MIG profile, or "" / "whole" for the whole GPU
+    mode = models.CharField(max_length=16, default="on_demand")
+    minute = models.DateTimeField()  # start of the minute
+    seconds = models.PositiveIntegerField()
+    amount = models.DecimalField(**MONEY)
+    fee = models.DecimalField(**MONEY, default=Decimal("0"))
+    transaction = models.ForeignKey(LedgerTransaction, null=True, blank=True, related_name="usage_records",
+                                    on_delete=models.PROTECT)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-minute"]
+        constraints = [
+            models.UniqueConstraint(fields=["lease_id", "minute"], name="usage_once_per_lease_minute"),
+            models.CheckConstraint(condition=Q(seconds__gte=1) & Q(seconds__lte=60), name="usage_seconds_in_minute"),
+            models.CheckConstraint(condition=Q(amount__gte=0) & Q(fee__gte=0) & Q(fee__lte=models.F("amount")),
+                                   name="usage_amount_and_fee_valid"),
+        ]
+        indexes = [models.Index(fields=["buyer", "minute"], name="usage_buyer_minute"),
+                   models.Index(fields=["provider", "minute"], name="usage_provider_minute")]
+
+    def __str__(self) -> str:
+        return f"{self.lease_id} {self.minute:%Y-%m-%d %H:%M} {self.seconds}s {self.amount}"
