@@ -11,7 +11,12 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 CELERY_TASK_ALWAYS_EAGER = True
 CELERY_TASK_EAGER_PROPAGATES = True
 REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"user": "100000/min", "anon": "100000/min"}}
-if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+if DATABASES["default"]["ENGINE"].endswith("postgresql"):
+    # Connections held by worker threads (database_sync_to_async) would keep the test database open.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    # One test database per run, so parallel runs on one server do not drop each other's.
+    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}
+elif DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     # pytest-django creates its own test database; keep the demo's file out of it.
     DATABASES["default"]["TEST"] = {"NAME": ":memory:"}
     DATABASES["default"]["OPTIONS"] = {"timeout": 20}
