@@ -4,3 +4,7 @@ from .billing import Account, LedgerEntry, LedgerTransaction, Payment, Project, 
 
 __all__ = ["ApiKey"]
 __all__ += ["Account", "LedgerEntry", "LedgerTransaction", "Payment", "Project", "StripeEvent", "UsageRecord"]
+from .market import (Interruption, Lease, Mode, Order, Reservation, ResaleListing, SpotBid,  # noqa: E402
+                     SpotPrice)
+
+__all__ += ["Interruption", "Lease", "Mode", "Order", "Reservation", "ResaleListing", "SpotBid", "SpotPrice"]
