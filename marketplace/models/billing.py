@@ -122,6 +122,8 @@ class Payment(models.Model):
     status = models.CharField(max_length=32, choices=Status.choices, default=Status.REQUIRES_PAYMENT_METHOD)
     failure_message = models.CharField(max_length=400, blank=True, default="")
     decline_code = models.CharField(max_length=80, blank=True, default="")
+    # The client's Idempotency-Key for the top-up request: a retried POST returns the same payment.
+    client_key = models.CharField(max_length=200, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -129,6 +131,7 @@ class Payment(models.Model):
         ordering = ["-created_at"]
         constraints = [
             models.CheckConstraint(condition=Q(amount__gt=0), name="payment_amount_positive"),
+            models.UniqueConstraint(fields=["user", "client_key"], name="payment_client_key_unique"),
             models.CheckConstraint(condition=Q(refunded_amount__gte=0) & Q(refunded_amount__lte=models.F("amount")),
                                    name="payment_refund_within_amount"),
         ]
