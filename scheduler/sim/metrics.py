@@ -1,6 +1,6 @@
 """Metric definitions, the same for every policy (docs/simulator.md explains each).
 
-- allocation: time-average over the window [0, T] of (sum over running jobs of the GPUs the trace pod
+- allocation: time-average over the window [T0, T1] of (sum over running jobs of the GPUs the trace pod
   asked for, num_gpu x gpu_milli / 1000) / (GPUs in the pool). It counts what the work needs, not what the
   policy locked up for it, so a 0.3-GPU pod counts 0.3 whether it got a 1g slice or a whole GPU.
 - held: the same integral over what the policy locked up: a MIG instance counts its compute slices / the
@@ -8,9 +8,13 @@
 - fragmentation: time-average of (sum over GPUs of the GPU's fragmented share) / GPUs (see fragmentation.py).
 - waits: start - arrival of every job that started; percentiles are nearest-rank (the smallest wait that at
   least p% of jobs did not exceed), so every reported wait is one some job really had.
-T is the last arrival (after --load compression): the window in which the trace offers work. Jobs still
-queued at T keep running to completion for the wait figures, but the tail of the drain is not averaged in,
-because a long drain of one 140-day job would otherwise dilute every policy's average to nothing.
+T1 is the last arrival (after --load compression; `--window drain` makes it the last completion instead):
+the window in which the trace offers work. Jobs still queued at T1 keep running to completion for the wait
+figures, but the tail of the drain is not averaged in, because a long drain of one 140-day job would
+otherwise dilute every policy's average to nothing. T0 is the arrival of the pod at the `warmup` quantile
+(1% by default): openb's first few dozen pods were created months before the rest (long-running pods that
+were up when the recording began) and the pool is nearly idle until the bulk arrives; averaging over those
+months would measure the calendar, not the policy. The warm-up pods are replayed and count for waits.
 """
 from __future__ import annotations
 
@@ -41,12 +45,16 @@ class Levels:
 class TimeAverages:
     capacity_gpus: int
     window_end: float
-    last_t: float = 0.0
+    window_start: float = 0.0
+    last_t: float = -math.inf
     allocated_area: float = 0.0
     held_area: float = 0.0
     fragmented_area: float = 0.0
     queued_area: float = 0.0
     samples: list[tuple[float, float, int]] = field(default_factory=list)  # (t, allocation, queued)
+
+    def __post_init__(self) -> None:
+        self.last_t = max(self.last_t, self.window_start)
 
     def advance(self, t: float, levels: Levels) -> None:
         """Integrate `levels` (constant since `last_t`) up to `t`, clipped to the window."""
@@ -60,13 +68,21 @@ class TimeAverages:
         self.last_t = max(self.last_t, end)
 
     def sample(self, t: float, levels: Levels) -> None:
-        if t <= self.window_end:
+        if self.window_start <= t <= self.window_end:
             self.samples.append((t, levels.allocated / self.capacity_gpus, levels.queued))
 
+    @property
+    def span(self) -> float:
+        """Length of the window actually integrated: [window_start, min(window_end, last event)]."""
+        return self.last_t - self.window_start
+
+    def in_window(self, t: float) -> bool:
+        return self.window_start <= t <= self.window_end
+
     def _avg(self, area: float, per_gpu: bool = True) -> float:
-        if self.window_end <= 0 or self.capacity_gpus <= 0:
+        if self.span <= 0 or self.capacity_gpus <= 0:
             return 0.0
-        return area / self.window_end / (self.capacity_gpus if per_gpu else 1)
+        return area / self.span / (self.capacity_gpus if per_gpu else 1)
 
     @property
     def allocation(self) -> float:

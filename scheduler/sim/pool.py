@@ -2,8 +2,10 @@
 
 Only GPUs are modelled: the trace's CPU and host memory are left out because the market sells GPUs and
 slices, not host cores (a pod whose host could not hold it would be a provider's problem, not placement's).
-All nodes sit in one region at one price, so the engine's price and latency scores cannot tell nodes apart
-and the comparison between policies is about packing alone.
+All nodes sit in one region, and every GPU is priced at the same price per performance unit
+(`PRICE_PER_PU_HOUR` x its PU, scheduler.core.perf), so the engine's price and latency scores cannot tell
+nodes apart and the comparison between policies is about packing alone. (One price per GPU for every model
+would not be neutral: an A100 at an A30's price is a bargain the price scorer would rightly chase.)
 
 `scale` keeps a share of the nodes of each model (evenly spread through the list, at least one node of a
 model that has any), so a scaled pool keeps the trace's mix of cards; the openb trace at its own size asks
@@ -15,12 +17,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from scheduler.core import gpus as gpu_catalog
+from scheduler.core import perf
 from scheduler.core.model import GpuState, NodeState
 
 from .mapping import MODERN_POOL, map_model
 from .trace import TraceNode
 
 SIM_REGION = "ap-southeast"  # the trace comes from an Alibaba cluster; one region for all, see above
+PRICE_PER_PU_HOUR = 0.2  # an A100-80GB (10 PU) at 2.0 per GPU-hour
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,8 @@ def node_states(specs: list[NodeSpec]) -> list[NodeState]:
         model = gpu_catalog.model_for(s.model)
         gpus = [GpuState(uuid=f"{s.id}/gpu{i}", node_id=s.id, model=model.key, geometry=model.mig)
                 for i in range(s.gpus)]
-        out.append(NodeState(id=s.id, region=SIM_REGION, gpus=gpus))
+        price = round(PRICE_PER_PU_HOUR * perf.gpu_pu(model), 4)
+        out.append(NodeState(id=s.id, region=SIM_REGION, price_per_gpu_hour=price, gpus=gpus))
     return out
 
 

@@ -58,7 +58,7 @@ class RunResult:
     jobs: int
     started: int = 0
     completed: int = 0  # finished by the end of the drain
-    completed_in_window: int = 0  # finished by the last arrival
+    completed_in_window: int = 0  # finished inside the metric window
     unschedulable: Counter = field(default_factory=Counter)  # reason -> jobs that fit no GPU even when empty
     never_started: int = 0
     waits: list[float] = field(default_factory=list)
@@ -85,20 +85,23 @@ def _top_reason(decision: Decision) -> str:
 
 class Replay:
     def __init__(self, name: str, factory: PolicyFactory, nodes: list[NodeState], empty_nodes: list[NodeState],
-                 jobs: list[Job], *, window_end: float, head_protect_s: float | None,
+                 jobs: list[Job], *, window: tuple[float, float], head_protect_s: float | None,
                  frag: FragMeter) -> None:
         self.pool, self.policy = factory(nodes)
         # A second pool that stays empty: a shape that fails there can never run, so it is counted as
         # unschedulable at arrival instead of waiting in the queue for ever.
-        _, self.empty_policy = factory(empty_nodes)
-        self.gpus = {g.uuid: g for n in nodes for g in n.gpus}
+        self.empty_pool, self.empty_policy = factory(empty_nodes)
+        self.eligible_nodes: dict[tuple, list[str]] = {}
+        # The engine's Pool owns deep copies of the nodes: read GPU state through it, never through `nodes`.
+        self.gpus = {g.uuid: self.pool.gpu(g.uuid) for n in nodes for g in n.gpus}
         self.capacity = len(self.gpus)
         self.jobs = jobs
         self.queue: JobQueue[Job] = JobQueue(head_protect_s=head_protect_s)
         self.frag = frag
         self.levels = Levels(fragmented=sum(frag.of(g) for g in self.gpus.values()))
         self.result = RunResult(policy=name, jobs=len(jobs),
-                                averages=TimeAverages(self.capacity, window_end))
+                                averages=TimeAverages(self.capacity, window_end=window[1],
+                                                      window_start=window[0]))
         self.events: list[tuple[float, int, int, Job]] = []
         self.never_fits: dict[tuple, str | None] = {}  # shape -> reason it fits no empty pool, or None
         self.version = 0  # bumped on every release; a failure is only final within one version
@@ -144,7 +147,7 @@ class Replay:
         self._touch(touched, +1)
         self.levels.allocated -= job.demand.share
         self.result.completed += 1
-        if now <= self.result.averages.window_end:
+        if self.result.averages.in_window(now):
             self.result.completed_in_window += 1
         self.version += 1
         self.failed.clear()
@@ -160,6 +163,11 @@ class Replay:
         if reason is not None:
             self.result.unschedulable[reason] += 1
             return
+        mix = getattr(self.pool, "mix", None)
+        if mix is not None:
+            # What Scheduler.place does before deciding: the engine learns the demand mix once per job
+            # (not once per retry, which would weigh a long-waiting shape many times over).
+            mix.observe(request_for(job))
         self.queue.push(job, priority=job.demand.priority, now=now)
         self.queued_shapes[shape] += 1
 
@@ -178,15 +186,45 @@ class Replay:
         self._start(entry.item, decision, now)
         return True
 
+    def _reserve_for(self, job: Job) -> str | None:
+        """The node a starving head waits for: among nodes that could ever hold it, the one with the most
+        free GPUs it could use now (pool order on ties)."""
+        req = request_for(job)
+        shape = job.demand.key
+        eligible = self.eligible_nodes.get(shape)
+        if eligible is None:
+            empty = self.empty_pool
+            eligible = [n for n in empty.nodes
+                        if empty.free_gpu_count(empty.nodes[n], req) >= max(1, req.gpu_count)]
+            self.eligible_nodes[shape] = eligible
+        best, best_free = None, -1
+        for node_id in eligible:
+            free = self.pool.free_gpu_count(self.pool.nodes[node_id], req)
+            if free > best_free:
+                best, best_free = node_id, free
+        return best
+
     def _pass(self, now: float) -> None:
+        reserved = None
         while self.queue.head_is_protected(now):
             head = self.queue.head()
-            if head is None or not self._try(head, now):
-                return
-        for entry in self.queue.in_order():
-            if all(s in self.failed for s in self.queued_shapes):
-                return  # every shape still queued has failed since the last release
-            self._try(entry, now)
+            assert head is not None
+            if not self._try(head, now):
+                reserved = self._reserve_for(head.item)
+                break
+        if reserved is not None:
+            # The starving head's node is taken out of the pool for the rest of the pass (as if cordoned),
+            # so backfill goes on everywhere else but cannot take what the head is waiting for; nothing
+            # new lands there, so the head starts once that node's own jobs end.
+            self.pool.set_node(reserved, online=False)
+        try:
+            for entry in self.queue.in_order():
+                if all(s in self.failed for s in self.queued_shapes):
+                    return  # every shape still queued has failed since the last release
+                self._try(entry, now)
+        finally:
+            if reserved is not None:
+                self.pool.set_node(reserved, online=True)
 
     # --- the loop --------------------------------------------------------------------------------
 
@@ -211,8 +249,8 @@ class Replay:
 
 
 def replay(name: str, factory: PolicyFactory, node_factory: Callable[[], list[NodeState]], jobs: list[Job], *,
-           window_end: float, head_protect_s: float | None, frag: FragMeter) -> RunResult:
+           window: tuple[float, float], head_protect_s: float | None, frag: FragMeter) -> RunResult:
     """Replay `jobs` (fresh copies of their run state) against a fresh pool with one policy."""
     fresh = [Job(j.index, j.pod, j.demand, j.arrival) for j in jobs]
-    return Replay(name, factory, node_factory(), node_factory(), fresh, window_end=window_end,
+    return Replay(name, factory, node_factory(), node_factory(), fresh, window=window,
                   head_protect_s=head_protect_s, frag=frag).run()

@@ -64,13 +64,14 @@ class TraceLoad:
 
 
 def _usable_runtimes(path: Path) -> list[float]:
-    """Runtimes (deletion - scheduled) of GPU pods with both times and a positive runtime."""
+    """Runtimes (deletion - scheduled) of the GPU pods that replay as they are in the trace."""
     out: list[float] = []
     with path.open(newline="") as f:
         for row in csv.DictReader(f):
             try:
-                if int(row["num_gpu"]) <= 0:
+                if int(row["num_gpu"]) <= 0 or not 0 < int(row["gpu_milli"]) <= 1000:
                     continue
+                float(row["creation_time"])  # the donor pool is the runtimes of rows that replay as is
                 runtime = float(row["deletion_time"]) - float(row["scheduled_time"])
             except (KeyError, TypeError, ValueError):
                 continue

@@ -1,0 +1,109 @@
+"""`python -m scheduler.sim`: replay an openb trace against each placement policy and compare them."""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from .mapping import FRACTION_BASES, parse_model_map
+from .policies import POLICY_NAMES, factories
+from .report import plot, reasons_text, table, write_json
+from .run import DEFAULT_TRACE, DEFAULT_TRACE_DIR, SimConfig, payload, prepare, run_all
+
+
+def _trace_path(value: str) -> Path:
+    p = Path(value)
+    if not p.exists() and (DEFAULT_TRACE_DIR / value).exists():
+        return DEFAULT_TRACE_DIR / value  # a bare file name means one of the openb files
+    return p
+
+
+def _protect(value: str) -> float | None:
+    return None if value.lower() in ("off", "none", "-1") else float(value)
+
+
+def parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m scheduler.sim", description=__doc__,
+                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--trace", type=_trace_path, default=DEFAULT_TRACE_DIR / DEFAULT_TRACE,
+                    help="pod list CSV (a bare openb file name is looked up in the default trace folder)")
+    ap.add_argument("--nodes", type=Path, default=None, help="node list CSV (default: the one beside --trace)")
+    ap.add_argument("--pool", choices=("openb", "modern"), default="openb",
+                    help="openb: the trace's node list through --model-map; modern: DESIGN §9's pool")
+    ap.add_argument("--pool-scale", type=float, default=1.0, help="keep this share of each model's nodes")
+    ap.add_argument("--model-map", default=None,
+                    help="override trace model -> catalog key: JSON file, JSON object or 'T4=a100-40gb,G2=h100-80gb'")
+    ap.add_argument("--load", type=float, default=1.0, help="arrival-rate multiplier (arrival times / LOAD)")
+    ap.add_argument("--limit", type=int, default=None, help="replay only the first N rows of the trace")
+    ap.add_argument("--missing-runtime", choices=("skip", "synthesize"), default="skip",
+                    help="rows of a timed trace without a usable runtime (counted either way)")
+    ap.add_argument("--seed", type=int, default=0, help="seed for synthesized times and random-fit")
+    ap.add_argument("--fraction-basis", choices=FRACTION_BASES, default="memory",
+                    help="turn gpu_milli into a MIG profile by memory or by compute share")
+    ap.add_argument("--reference-gb", type=float, default=80.0,
+                    help="memory of the GPU a gpu_milli share is a share of (basis memory)")
+    ap.add_argument("--head-protect", type=_protect, default=3600.0,
+                    help="seconds the queue head may wait before backfill stops passing it ('off' = never)")
+    ap.add_argument("--window", choices=("arrivals", "drain"), default="arrivals",
+                    help="average metrics until the last arrival or until the last completion")
+    ap.add_argument("--warmup", type=float, default=0.01,
+                    help="metrics are averaged from the arrival of this quantile of the jobs (see docs)")
+    ap.add_argument("--policies", default=",".join(POLICY_NAMES),
+                    help=f"comma-separated, from: {', '.join(POLICY_NAMES)}")
+    ap.add_argument("--json", type=Path, default=None, help="write the full results as JSON here")
+    ap.add_argument("--plot", type=Path, default=None, help="write allocation and queue length over time (PNG)")
+    ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    names = [n.strip() for n in args.policies.split(",") if n.strip()]
+    unknown = [n for n in names if n not in POLICY_NAMES]
+    if unknown:
+        print(f"unknown policies: {', '.join(unknown)}; known: {', '.join(POLICY_NAMES)}", file=sys.stderr)
+        return 2
+    config = SimConfig(trace=args.trace, nodes=args.nodes, pool=args.pool, pool_scale=args.pool_scale,
+                       model_map=parse_model_map(args.model_map), load=args.load, limit=args.limit,
+                       missing_runtime=args.missing_runtime, seed=args.seed, basis=args.fraction_basis,
+                       reference_gb=args.reference_gb, head_protect_s=args.head_protect, window=args.window,
+                       warmup=args.warmup)
+    progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
+    t0 = time.perf_counter()
+    prepared = prepare(config)
+    results = run_all(prepared, factories(names, seed=args.seed), progress)
+    data = payload(prepared, results)
+    print(describe(data))
+    print()
+    print(table(data["policies"]))
+    reasons = reasons_text(data["policies"])
+    if reasons:
+        print(reasons)
+    print(f"\n{len(results)} policies in {time.perf_counter() - t0:.1f}s wall clock")
+    if args.json:
+        write_json(args.json, data)
+    if args.plot:
+        pool = data["pool"]
+        plot(args.plot, results, f"{Path(config.trace).name} on {pool['gpus']} GPUs ({config.pool}, "
+                                 f"scale {config.pool_scale:g}), load x{config.load:g}")
+    return 0
+
+
+def describe(data: dict) -> str:
+    """The header of a report: what was replayed on what, and every row that was not replayed as is."""
+    tr, pool, cfg = data["trace"], data["pool"], data["config"]
+    lines = [f"trace {Path(tr['path']).name}: {tr['rows']} rows -> {tr['pods']} GPU jobs"]
+    for why, n in tr["skipped"].items():
+        lines.append(f"  skipped {n}: {why}")
+    for why, n in tr["synthesized"].items():
+        lines.append(f"  synthesized {n}: {why}")
+    lines += [f"  note: {n}" for n in tr["notes"]]
+    lines.append(f"pool {cfg['pool']} x{cfg['pool_scale']:g}: {pool['nodes']} nodes, {pool['gpus']} GPUs ("
+                 + ", ".join(f"{k} {v['gpus']}" for k, v in pool["by_model"].items()) + ")")
+    start, end = data["window_s"]
+    window = f"{start:,.0f}..{end:,.0f} s" if end is not None else f"{start:,.0f} s until drained"
+    protect = "off" if cfg["head_protect_s"] is None else f"{cfg['head_protect_s']:g} s"
+    lines.append(f"load x{cfg['load']:g}, fraction basis {cfg['fraction_basis']} (reference "
+                 f"{cfg['reference_gb']:g} GB), head protection {protect}, metric window {window}")
+    return "\n".join(lines)
