@@ -55,13 +55,15 @@ def wait_until(predicate, *, timeout: float, interval: float = 0.1, what: str = 
 
 class LiveStack:
     def __init__(self, tmp: Path, *, nodes: list[tuple[str, str]], env: dict | None = None,
-                 celery: bool = True, agent_interval: float = 1.0):
+                 celery: bool = True, agent_interval: float = 1.0,
+                 start_agents: bool = True):
         self.tmp = tmp
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.procs: dict[str, subprocess.Popen] = {}
         self.celery = celery
         self.agent_interval = agent_interval
+        self.start_agents = start_agents
         base = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
         self.env = {**base, "DJANGO_SETTINGS_MODULE": "config.settings.dev", "DJANGO_DEBUG": "1",
                     "GPUMARKET_VAR_DIR": str(tmp), "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING",
@@ -94,7 +96,7 @@ class LiveStack:
                                    "--without-gossip", "--loglevel", "WARNING"])
             self._spawn("beat", ["-m", "celery", "-A", "config", "beat", "--loglevel", "WARNING",
                                  "--schedule", str(self.tmp / "beat-schedule")])
-        for node in self.seed["nodes"]:
+        for node in self.seed["nodes"] if self.start_agents else ():
             self.start_agent(node)
         return self
 
@@ -105,8 +107,12 @@ class LiveStack:
             {"NODEAGENT_TOKEN": node["token"]})
 
     def _port_open(self) -> bool:
+        return self._port_open_at(self.port)
+
+    @staticmethod
+    def _port_open_at(port: int) -> bool:
         with socket.socket() as s:
-            return s.connect_ex(("127.0.0.1", self.port)) == 0
+            return s.connect_ex(("127.0.0.1", port)) == 0
 
     def api(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
         req = urllib.request.Request(self.url + path, method=method,
