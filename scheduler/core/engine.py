@@ -43,7 +43,7 @@ class Scheduler:
     def __init__(self, pool: Pool, *, weights: Weights | None = None,
                  mode: Literal["fast", "exhaustive"] = "fast",
                  filters: Sequence[Filter] = DEFAULT_FILTERS, scorers: Sequence[Scorer] = DEFAULT_SCORERS,
-                 adapt_weights: bool = True, max_candidates: int = 32) -> None:
+                 adapt_weights: bool = True, max_candidates: int = 24, packing_candidates: int = 12) -> None:
         if mode not in ("fast", "exhaustive"):
             raise ValueError(f"mode is 'fast' or 'exhaustive', not {mode!r}")
         self.pool = pool
@@ -53,6 +53,7 @@ class Scheduler:
         self.scorers = tuple(scorers)
         self.adapt_weights = adapt_weights
         self.max_candidates = max_candidates
+        self.packing_candidates = packing_candidates
 
     # --- public --------------------------------------------------------------------------------------
 
@@ -214,6 +215,22 @@ class Scheduler:
                 best = (s, opt)
         return (best[1] if best else None), considered
 
+    def _nodes(self, request: Request, weights: Weights, node_ids: list[str]) -> tuple[Option | None, int]:
+        """k GPUs on one node: every node in `node_ids` (those with at least k free GPUs)."""
+        cache: dict = {}
+        best: tuple[float, Option] | None = None
+        considered = 0
+        for node_id in node_ids:
+            recs = self.pool.by_node[node_id]
+            gpus = [(r.idx, r.gpu) for r in recs if self.first_refusal(request, r.node, r.gpu, cache) is None]
+            opt = multi_option(self.pool, recs[0].node, gpus, request) if gpus else None
+            if opt is not None:
+                considered += len(gpus)
+                s = self.score(opt, request, weights)[0]
+                if self._better(s, opt, best):
+                    best = (s, opt)
+        return (best[1] if best else None), considered
+
     def _lists(self, request: Request) -> list[tuple[float, list[tuple[float, int]]]]:
         """Index lists that can hold a fitting GPU, each with the latency term of its region."""
         pool = self.pool
@@ -240,6 +257,10 @@ class Scheduler:
 
     def _fast(self, request: Request, weights: Weights) -> tuple[Option | None, int]:
         pool = self.pool
+        if request.gpu_count > 1:
+            ready = pool.nodes_with_free(request.gpu_count)
+            if len(ready) <= 4 * self.max_candidates:
+                return self._nodes(request, weights, ready)  # few enough: check them all, exactly
         lists = self._lists(request)
         # list entries are (-static key, pool index); the heap pops the highest key + latency term first
         heap = [(-(lat - lst[0][0]), n, 0) for n, (lat, lst) in enumerate(lists)]
@@ -276,7 +297,48 @@ class Scheduler:
                 s = self.score(opt, request, weights)[0]
                 if self._better(s, opt, best):
                     best = (s, opt)
+        if request.gpu_count == 1 and not request.wants_whole and self.packing_candidates:
+            for idx in self._best_packing(request):
+                if idx in seen:
+                    continue
+                seen.add(idx)
+                rec = pool.records[idx]
+                if self.first_refusal(request, rec.node, rec.gpu, cache) is not None:
+                    continue
+                opt = single_option(pool, rec.node, rec.gpu, request, idx=idx)
+                if opt is None:
+                    continue
+                considered += 1
+                s = self.score(opt, request, weights)[0]
+                if self._better(s, opt, best):
+                    best = (s, opt)
         return (best[1] if best else None), considered
+
+    def _best_packing(self, request: Request):
+        """GPUs in order of packing cost (layout buckets, lowest Δfrag first), best static key first
+        within a bucket; yields until `packing_candidates` of them were offered. The static walk above
+        ignores packing, so this second, short walk brings the tightest fits into the comparison."""
+        pool = self.pool
+        ranked = []
+        for model, mig_off in sorted(self.alive_kinds(request)):
+            g = pool.spec(model).mig
+            if mig_off or g is None:
+                continue
+            p = mig.smallest_fitting_profile(g, memory_gb=request.memory_gb, compute_slices=request.compute_slices)
+            if p is None:
+                continue
+            for layout, lst in pool.by_layout.get((model, p.name), {}).items():
+                best = pool.frags.best_start(model, g, layout, p.name)
+                if best is not None and lst:
+                    ranked.append((best[1], lst[0], lst))
+        ranked.sort(key=lambda t: (t[0], t[1]))
+        offered = 0
+        for _, _, lst in ranked:
+            for _, idx in lst:
+                yield idx
+                offered += 1
+                if offered >= self.packing_candidates:
+                    return
 
 
 def _invalid(request: Request) -> str | None:

@@ -14,6 +14,7 @@ the brief leaves it open).
 """
 from __future__ import annotations
 
+import functools
 import re
 from typing import Literal, Protocol
 
@@ -24,6 +25,7 @@ from .pricing import slice_price, slice_share
 Scope = Literal["model", "node", "gpu"]
 
 
+@functools.lru_cache(maxsize=1024)
 def version_tuple(v: str) -> tuple[int, ...]:
     """"12.10" -> (12, 10): versions compare numerically, not as strings ("12.10" > "12.9")."""
     out = []

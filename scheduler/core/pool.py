@@ -5,6 +5,8 @@ Indexes, all maintained per GPU on every change (allocate, release, health, node
   key (price per PU and reliability under the default weights). `key` is a MIG profile name (a legal start
   exists now), WHOLE (an empty MIG GPU) or FIXED (a free GPU that is not split: no MIG, or MIG off).
   Only schedulable GPUs are indexed: node online and GPU not cordoned.
+- `by_layout[(model, profile)][layout]`: the same GPUs bucketed by MIG layout, which fixes their packing
+  cost, so the fast path can also visit the best-packing GPUs;
 - free share per model (sum of free fractions / schedulable GPUs), kept as running sums;
 - free whole GPUs per node, GPUs holding spot instances, and lease id -> GPUs.
 A `Pool` deep-copies the `NodeState`s it is given: callers keep their snapshot, the pool owns its copy.
@@ -63,9 +65,13 @@ class Pool:
         self.node_groups: dict[str, dict[tuple, dict[int, None]]] = defaultdict(dict)
         self.avail: dict[tuple[str, str], dict[str, list[tuple[float, int]]]] = defaultdict(
             lambda: defaultdict(list))
+        # (model, MIG profile) -> layout -> GPUs with that layout where the profile fits, static key order:
+        # every GPU in a bucket has the same packing cost for the profile (fragmentation.FragCache)
+        self.by_layout: dict[tuple[str, str], dict[tuple, list[tuple[float, int]]]] = defaultdict(dict)
         self._free_sum: dict[str, float] = defaultdict(float)
         self._cap: dict[str, int] = defaultdict(int)
         self.node_free: dict[str, int] = defaultdict(int)
+        self.nodes_by_free: dict[int, set[str]] = defaultdict(set)  # free GPU count -> nodes
         self.spot_gpus: set[int] = set()
         self.leases: dict[str, set[int]] = defaultdict(set)
         self.mix = mix or DemandMix()
@@ -256,9 +262,11 @@ class Pool:
             self._free_sum[model] -= rec.free_frac
             self._cap[model] -= 1
             if rec.free_whole:
-                self.node_free[rec.node.id] -= 1
+                self._set_node_free(rec.node.id, -1)
         for name in rec.avail:
             self._index_remove(model, name, rec.region, rec)
+            if name not in (WHOLE, FIXED):
+                self._layout_remove(model, name, rec)
         whole_used = any(i.profile is None for i in g.instances)
         rec.layout = () if whole_used else tuple(sorted((i.profile, i.start) for i in g.instances))  # type: ignore[misc]
         rec.schedulable = rec.node.online and g.health != "cordoned"
@@ -277,7 +285,7 @@ class Pool:
             self._free_sum[model] += rec.free_frac
             self._cap[model] += 1
             if rec.free_whole:
-                self.node_free[rec.node.id] += 1
+                self._set_node_free(rec.node.id, +1)
         else:
             avail = frozenset()
         if rekey or not rec.keyed:
@@ -285,6 +293,8 @@ class Pool:
         rec.region = rec.node.region
         for name in avail:
             bisect.insort(self.avail[(model, name)][rec.region], (-rec.key, rec.idx))
+            if name not in (WHOLE, FIXED):
+                bisect.insort(self.by_layout[(model, name)].setdefault(rec.layout, []), (-rec.key, rec.idx))
         rec.avail = avail
         groups = self.node_groups[rec.node.id]
         if rec.sig is not None:
@@ -306,6 +316,26 @@ class Pool:
             self.spot_gpus.add(rec.idx)
         else:
             self.spot_gpus.discard(rec.idx)
+
+    def _set_node_free(self, node_id: str, change: int) -> None:
+        old = self.node_free[node_id]
+        self.nodes_by_free[old].discard(node_id)
+        self.node_free[node_id] = old + change
+        self.nodes_by_free[old + change].add(node_id)
+
+    def nodes_with_free(self, k: int) -> list[str]:
+        """Nodes with at least k free schedulable GPUs (any model), in pool order."""
+        found = [n for c, ids in self.nodes_by_free.items() if c >= k for n in ids]
+        return sorted(found, key=lambda n: self.by_node[n][0].idx)
+
+    def _layout_remove(self, model: str, name: str, rec: GpuRecord) -> None:
+        buckets = self.by_layout[(model, name)]
+        lst = buckets[rec.layout]
+        i = bisect.bisect_left(lst, (-rec.key, rec.idx))
+        if i < len(lst) and lst[i] == (-rec.key, rec.idx):
+            del lst[i]
+        if not lst:
+            del buckets[rec.layout]
 
     def _index_remove(self, model: str, name: str, region: str, rec: GpuRecord) -> None:
         lst = self.avail[(model, name)][region]

@@ -124,12 +124,13 @@ def _plan_multi(sched: "Scheduler", request: Request, weights: "Weights") -> Opt
     pool = sched.pool
     cache: dict = {}
     alive = sched.alive_kinds(request)
-    nodes = sorted({pool.records[i].node.id for i in pool.spot_gpus
-                    if (pool.records[i].gpu.model, pool.records[i].gpu.geometry is None) in alive})
+    nodes = list(pool.by_node)
     best: tuple | None = None
     for node_id in nodes:
         usable: list[tuple[float, int, int, tuple[str, ...], GpuRecord]] = []
         recs = pool.by_node[node_id]
+        if len(recs) < request.gpu_count or not any(r.idx in pool.spot_gpus for r in recs):
+            continue
         if sum(1 for r in recs if all(_preemptible(i) for i in r.gpu.instances)) < request.gpu_count:
             continue  # not enough GPUs that are free or hold only spot leases
         for rec in recs:
