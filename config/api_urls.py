@@ -1,11 +1,21 @@
 """/api/v1/: the fleet and market resources, one router."""
 from rest_framework.routers import DefaultRouter
 
+from marketplace.api.money import (EarningsViewSet, LedgerEntryViewSet, PaymentViewSet, ProjectViewSet,
+                                   StatementViewSet, TopUpViewSet, UsageRecordViewSet, WalletViewSet)
 from scheduler.api import GpuViewSet, NodeViewSet, SliceViewSet
 
 router = DefaultRouter()
 router.register("nodes", NodeViewSet, basename="node")
 router.register("gpus", GpuViewSet, basename="gpu")
 router.register("slices", SliceViewSet, basename="slice")
+router.register("wallet", WalletViewSet, basename="wallet")
+router.register("ledger-entries", LedgerEntryViewSet, basename="ledger-entry")
+router.register("topups", TopUpViewSet, basename="topup")
+router.register("payments", PaymentViewSet, basename="payment")
+router.register("projects", ProjectViewSet, basename="project")
+router.register("usage", UsageRecordViewSet, basename="usage")
+router.register("statements", StatementViewSet, basename="statement")
+router.register("earnings", EarningsViewSet, basename="earnings")
 
 urlpatterns = router.urls

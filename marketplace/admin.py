@@ -9,3 +9,109 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_filter = ["revoked_at"]
     search_fields = ["name", "prefix", "user__username"]
     readonly_fields = ["prefix", "key_hash", "created_at", "last_used_at"]
+
+
+# --- Money: the ledger is append-only, so its admin is read-only; payments can be refunded. -------------
+from django.contrib import messages  # noqa: E402
+
+from marketplace.models import (Account, LedgerEntry, LedgerTransaction, Payment, Project,  # noqa: E402
+                                StripeEvent, UsageRecord)
+from scheduler.errors import DomainError  # noqa: E402
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    """Money is moved by services only (balanced, locked, idempotent); the admin looks, never edits."""
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Project)
+class ProjectAdmin(admin.ModelAdmin):
+    list_display = ["name", "user", "created_at"]
+    search_fields = ["name", "user__username"]
+    readonly_fields = ["created_at"]
+
+
+@admin.register(Account)
+class AccountAdmin(ReadOnlyAdmin):
+    list_display = ["kind", "user", "balance", "currency", "created_at"]
+    list_filter = ["kind"]
+    search_fields = ["user__username"]
+
+
+class LedgerEntryInline(admin.TabularInline):
+    model = LedgerEntry
+    fields = ["account", "amount", "created_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(LedgerTransaction)
+class LedgerTransactionAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "kind", "memo", "project", "lease_id", "order_id"]
+    list_filter = ["kind"]
+    search_fields = ["memo", "idempotency_key", "=lease_id", "=order_id"]
+    inlines = [LedgerEntryInline]
+    date_hierarchy = "created_at"
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "account", "amount", "transaction"]
+    list_filter = ["account__kind"]
+    search_fields = ["account__user__username", "transaction__memo"]
+    list_select_related = ["account", "account__user", "transaction"]
+
+
+@admin.register(Payment)
+class PaymentAdmin(ReadOnlyAdmin):
+    list_display = ["created_at", "user", "amount", "refunded_amount", "status", "stripe_payment_intent_id",
+                    "decline_code"]
+    list_filter = ["status"]
+    search_fields = ["stripe_payment_intent_id", "user__username"]
+    actions = ["refund"]
+
+    @admin.action(description="Refund the unspent part to the card", permissions=["refund"])
+    def refund(self, request, queryset):
+        from marketplace.services.payments import payment_refund
+
+        for payment in queryset:
+            try:
+                payment_refund(payment_id=payment.pk, unspent_only=True)
+                self.message_user(request, f"refunded {payment}", messages.SUCCESS)
+            except DomainError as exc:
+                self.message_user(request, f"{payment}: {exc.message}", messages.ERROR)
+
+    def has_refund_permission(self, request):
+        # Refunding sends money out: superusers, or staff granted "change payment" explicitly.
+        return request.user.is_superuser or request.user.has_perm("marketplace.change_payment")
+
+
+@admin.register(StripeEvent)
+class StripeEventAdmin(ReadOnlyAdmin):
+    list_display = ["received_at", "event_id", "type", "processed"]
+    list_filter = ["type", "processed"]
+    search_fields = ["event_id"]
+
+
+@admin.register(UsageRecord)
+class UsageRecordAdmin(ReadOnlyAdmin):
+    list_display = ["minute", "lease_id", "buyer", "provider", "project", "gpu_model", "profile", "seconds", "amount"]
+    list_filter = ["gpu_model", "mode"]
+    search_fields = ["=lease_id", "buyer__username", "provider__username"]
+    list_select_related = ["buyer", "provider", "project"]
+    date_hierarchy = "minute"

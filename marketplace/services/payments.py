@@ -1,0 +1,246 @@
+"""Wallet top-ups and refunds through Stripe PaymentIntents, and the Stripe webhook.
+
+The wallet is credited only for a PaymentIntent that Stripe says succeeded: from the signature-verified
+`payment_intent.succeeded` webhook, or synchronously when a server-side confirm returns `succeeded`. Both
+paths post the same ledger idempotency key "stripe:pi:<id>", so together they credit exactly once; each
+webhook event id is also stored once (StripeEvent) and processed in the transaction that stores it.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from decimal import ROUND_DOWN, Decimal
+
+import stripe
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, transaction
+
+from marketplace.models import Payment, StripeEvent
+from marketplace.services import ledger
+from scheduler.errors import Conflict, DomainError, NotFound
+
+log = logging.getLogger(__name__)
+
+TOPUP_MIN = Decimal("1.00")
+TOPUP_MAX = Decimal("10000.00")
+CENT = Decimal("0.01")
+
+
+class PaymentsUnavailable(DomainError):
+    status = 503
+
+    def __init__(self, message: str = "Payments are not configured (STRIPE_SECRET_KEY is not set).", **kw):
+        super().__init__(message, code=kw.pop("code", "payments_unavailable"), **kw)
+
+
+def _configure() -> None:
+    # Read on every call (not at import) so tests and the demo can point at a local localstripe.
+    if not settings.STRIPE_SECRET_KEY:
+        raise PaymentsUnavailable()
+    stripe.api_key = settings.STRIPE_SECRET_KEY
+    stripe.api_base = settings.STRIPE_API_BASE or "https://api.stripe.com"
+
+
+def stripe_js_url() -> str:
+    """Where the page loads Stripe.js from: the fake server's copy when one is configured."""
+    base = settings.STRIPE_API_BASE
+    return f"{base.rstrip('/')}/js.stripe.com/v3/" if base else "https://js.stripe.com/v3/"
+
+
+def _cents(amount: Decimal) -> int:
+    return int((amount * 100).to_integral_value())
+
+
+def _provider_error(exc: stripe.StripeError) -> DomainError:
+    log.warning("stripe call failed: %s", exc)
+    return DomainError("The payment provider could not be reached or refused the request; try again.",
+                       code="payment_provider_error", status=502)
+
+
+def topup_amount(value) -> Decimal:
+    """A top-up amount in dollars: whole cents within the configured bounds."""
+    amount = ledger.money(value)
+    if amount != amount.quantize(CENT):
+        raise DomainError("a top-up is a whole number of cents", field="amount")
+    if not (TOPUP_MIN <= amount <= TOPUP_MAX):
+        raise DomainError(f"a top-up is between {TOPUP_MIN} and {TOPUP_MAX} USD", field="amount")
+    return amount.quantize(CENT)
+
+
+def topup_create(*, user, amount: Decimal, card: str | None = None, client_key: str | None = None) -> Payment:
+    """Open a PaymentIntent for `amount` USD; with `card`, confirm it now and credit the wallet if it succeeds."""
+    amount = topup_amount(amount)
+    if client_key is not None and not (0 < len(client_key) <= 200):
+        raise DomainError("an Idempotency-Key has 1 to 200 characters", field="idempotency_key")
+    if card is not None and not (card.isdigit() and len(card) == 16):
+        raise DomainError("a card number has 16 digits", field="card")
+    if client_key:
+        existing = Payment.objects.filter(user=user, client_key=client_key).first()
+        if existing is not None:
+            if existing.amount != amount:
+                raise Conflict("this Idempotency-Key was used for a different amount", code="idempotency_conflict")
+            return existing
+    _configure()
+    payment_id = uuid.uuid4()
+    try:
+        intent = stripe.PaymentIntent.create(
+            amount=_cents(amount), currency="usd",
+            metadata={"user_id": str(user.pk), "payment_id": str(payment_id)},
+            # Stripe replays the same PaymentIntent for a retried create with this key.
+            idempotency_key=f"topup:{user.pk}:{client_key}" if client_key else f"topup:{payment_id}")
+    except stripe.StripeError as exc:
+        raise _provider_error(exc) from exc
+    try:
+        payment = Payment.objects.create(id=payment_id, user=user, stripe_payment_intent_id=intent.id, amount=amount,
+                                         client_key=client_key, status=intent.status
+                                         if intent.status in Payment.Status.values else "requires_payment_method")
+    except IntegrityError:  # a concurrent retry with the same client key won the race
+        return Payment.objects.get(user=user, client_key=client_key)
+    payment.client_secret = intent.client_secret
+    if card is not None:
+        payment = _confirm_with_card(payment=payment, card=card)
+        payment.client_secret = intent.client_secret
+    return payment
+
+
+def _confirm_with_card(*, payment: Payment, card: str) -> Payment:
+    """Confirm on the server with a card number (scripts and tests; browsers use Stripe.js instead)."""
+    pi = payment.stripe_payment_intent_id
+    try:
+        method = stripe.PaymentMethod.create(type="card", card={"number": card, "exp_month": 12, "exp_year": 2034,
+                                                                "cvc": "123"})
+        stripe.PaymentIntent.modify(pi, payment_method=method.id)
+        intent = stripe.PaymentIntent.confirm(pi)
+    except stripe.CardError as exc:
+        error = exc.error
+        decline_code = (getattr(error, "decline_code", None) or getattr(error, "code", None) or "card_declined")
+        message = exc.user_message or "Your card was declined."
+        Payment.objects.filter(pk=payment.pk).exclude(status=Payment.Status.SUCCEEDED).update(
+            status=Payment.Status.FAILED, failure_message=message[:400], decline_code=decline_code[:80])
+        raise DomainError(message, code="card_declined", status=402,
+                          details={"decline_code": decline_code, "payment": str(payment.pk)}) from exc
+    except stripe.StripeError as exc:
+        raise _provider_error(exc) from exc
+    if intent.status == "succeeded":
+        return apply_succeeded_intent(intent_id=intent.id, amount_cents=intent.amount,
+                                      currency=intent.currency, metadata=dict(intent.metadata or {}))
+    Payment.objects.filter(pk=payment.pk, status=Payment.Status.REQUIRES_PAYMENT_METHOD).update(
+        status=Payment.Status.PROCESSING)
+    payment.refresh_from_db()
+    return payment
+
+
+def apply_succeeded_intent(*, intent_id: str, amount_cents: int, currency: str, metadata: dict) -> Payment:
+    """Mark the top-up succeeded and credit the wallet once, however often Stripe or we report it."""
+    if currency != "usd":
+        raise DomainError(f"unexpected currency {currency!r} for {intent_id}")
+    with transaction.atomic():
+        # Lock the payment row: the webhook and the synchronous confirm may arrive together.
+        payment = Payment.objects.select_for_update().filter(stripe_payment_intent_id=intent_id).first()
+        if payment is None:
+            # The create call reached Stripe but our row was never written (crash between the two): rebuild it.
+            user = get_user_model().objects.filter(pk=metadata.get("user_id")).first()
+            if user is None:
+                raise NotFound(f"no user for PaymentIntent {intent_id}")
+            payment = Payment.objects.create(user=user, stripe_payment_intent_id=intent_id,
+                                             amount=(Decimal(amount_cents) / 100).quantize(CENT))
+        amount = (Decimal(amount_cents) / 100).quantize(CENT)
+        if amount != payment.amount:
+            raise DomainError(f"PaymentIntent {intent_id} is for {amount} USD, the payment for {payment.amount} USD")
+        ledger.post(kind="topup", memo=f"top-up {amount} USD via Stripe {intent_id}",
+                    idempotency_key=f"stripe:pi:{intent_id}",
+                    lines=[(ledger.platform_account("stripe_clearing"), -amount),
+                           (ledger.account_for(user=payment.user, kind="wallet"), amount)])
+        if payment.status not in (Payment.Status.SUCCEEDED, Payment.Status.REFUNDED):
+            payment.status = Payment.Status.SUCCEEDED
+            payment.failure_message = ""
+            payment.decline_code = ""
+            payment.save(update_fields=["status", "failure_message", "decline_code", "updated_at"])
+    return payment
+
+
+def webhook_receive(*, payload: bytes, signature: str | None) -> StripeEvent:
+    """Verify a Stripe webhook and apply its event exactly once; a bad signature writes nothing."""
+    if not settings.STRIPE_WEBHOOK_SECRET:
+        raise PaymentsUnavailable("Stripe webhooks are not configured (STRIPE_WEBHOOK_SECRET is not set).")
+    if not signature:
+        raise DomainError("missing Stripe-Signature header", code="invalid_signature")
+    try:
+        event = stripe.Webhook.construct_event(payload, signature, settings.STRIPE_WEBHOOK_SECRET)
+    except stripe.SignatureVerificationError:
+        raise DomainError("invalid Stripe signature", code="invalid_signature") from None
+    except ValueError:
+        raise DomainError("the webhook body is not a Stripe event", code="invalid_payload") from None
+    with transaction.atomic():
+        try:
+            with transaction.atomic():
+                stored = StripeEvent.objects.create(event_id=event.id, type=event.type, payload=event.to_dict())
+        except IntegrityError:
+            # Redelivery (or a concurrent duplicate that committed first): it has been applied already.
+            return StripeEvent.objects.get(event_id=event.id)
+        obj = event.data.object
+        if event.type == "payment_intent.succeeded":
+            try:
+                apply_succeeded_intent(intent_id=obj.id, amount_cents=obj.amount, currency=obj.currency,
+                                       metadata=dict(obj.get("metadata") or {}))
+            except DomainError as exc:
+                # Not ours or inconsistent: keep the event unprocessed for an operator instead of making
+                # Stripe retry for days; nothing was credited (the savepoint rolled back).
+                log.error("stripe event %s not applied: %s", event.id, exc.message)
+                return stored
+        elif event.type == "payment_intent.payment_failed":
+            error = obj.get("last_payment_error") or {}
+            Payment.objects.filter(stripe_payment_intent_id=obj.id).exclude(
+                status__in=[Payment.Status.SUCCEEDED, Payment.Status.REFUNDED]).update(
+                status=Payment.Status.FAILED, failure_message=(error.get("message") or "")[:400],
+                decline_code=(error.get("decline_code") or error.get("code") or "")[:80])
+        # Other event types are stored for the record and otherwise ignored.
+        StripeEvent.objects.filter(pk=stored.pk).update(processed=True)
+        stored.processed = True
+    return stored
+
+
+def payment_refund(*, payment_id, user=None, amount: Decimal | None = None, unspent_only: bool = False) -> Payment:
+    """Refund (part of) a succeeded top-up to its card; refuses more than the wallet still holds.
+
+    amount=None refunds all that is left of the top-up; with unspent_only, at most the wallet's whole cents."""
+    with transaction.atomic():
+        # Lock the payment: two refund clicks must not both refund the same remainder.
+        qs = Payment.objects.select_for_update()
+        payment = qs.filter(pk=payment_id, **({"user": user} if user is not None else {})).first()
+        if payment is None:
+            raise NotFound("no such payment")
+        if payment.status != Payment.Status.SUCCEEDED:
+            raise Conflict(f"only a succeeded top-up can be refunded; this one is {payment.status}",
+                           code="not_refundable")
+        remaining = payment.amount - payment.refunded_amount
+        if amount is None and unspent_only:
+            wallet = ledger.wallet_balance(user=payment.user).quantize(CENT, rounding=ROUND_DOWN)
+            amount = min(remaining, wallet)
+            if amount <= 0:
+                raise ledger.InsufficientFunds("The wallet is empty: nothing of this top-up is left to refund.")
+        amount = remaining if amount is None else ledger.money(amount)
+        if amount != amount.quantize(CENT) or not (Decimal("0") < amount <= remaining):
+            raise DomainError(f"a refund is a whole number of cents between 0.01 and {remaining} USD", field="amount")
+        amount = amount.quantize(CENT)
+        _configure()
+        key = f"stripe:refund:{payment.stripe_payment_intent_id}:{payment.refunded_amount}"
+        # Ledger first (it locks the wallet and refuses spent money), then Stripe: if Stripe refuses, the
+        # exception rolls the ledger back. Holding the wallet lock over one HTTP call is the price of never
+        # refunding money the buyer has already spent.
+        ledger.post(kind="refund", memo=f"refund {amount} USD of Stripe {payment.stripe_payment_intent_id}",
+                    idempotency_key=key,
+                    lines=[(ledger.account_for(user=payment.user, kind="wallet"), -amount),
+                           (ledger.platform_account("stripe_clearing"), amount)])
+        try:
+            stripe.Refund.create(payment_intent=payment.stripe_payment_intent_id, amount=_cents(amount),
+                                 idempotency_key=key)
+        except stripe.StripeError as exc:
+            raise _provider_error(exc) from exc
+        payment.refunded_amount += amount
+        if payment.refunded_amount == payment.amount:
+            payment.status = Payment.Status.REFUNDED
+        payment.save(update_fields=["refunded_amount", "status", "updated_at"])
+    return payment
+

@@ -1,0 +1,161 @@
+"""Read side of money: monthly buyer statements and provider earnings (selectors: they never write).
+
+Sums are exact: PostgreSQL adds NUMERIC in the database; on SQLite (whose SUM over NUMERIC goes through
+floats) the rows are added in Python as Decimals. Every amount is shown exact (micro-dollars) and rounded
+half-up to the cent; a total is rounded from the exact sum, never summed from rounded rows.
+"""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from datetime import date, datetime, timezone
+from decimal import ROUND_HALF_UP, Decimal
+
+from django.db import connection
+from django.db.models import QuerySet, Sum
+
+from marketplace.models import Account, LedgerEntry, Project, UsageRecord
+from scheduler.errors import DomainError, NotFound
+from scheduler.models import Node
+
+CENT = Decimal("0.01")
+ZERO = Decimal("0")
+
+
+def cents(value: Decimal) -> str:
+    return str(value.quantize(CENT, rounding=ROUND_HALF_UP))
+
+
+def month_bounds(month: str | None) -> tuple[str, datetime, datetime]:
+    """'2026-11' → (label, first instant, first instant of the next month), UTC; None → this month."""
+    if not month:
+        today = date.today()
+        month = f"{today.year:04d}-{today.month:02d}"
+    if not re.fullmatch(r"\d{4}-\d{2}", month) or not (1 <= int(month[5:]) <= 12) or int(month[:4]) < 2000:
+        raise DomainError("month is YYYY-MM, e.g. 2026-11", field="month")
+    year, mon = int(month[:4]), int(month[5:])
+    start = datetime(year, mon, 1, tzinfo=timezone.utc)
+    end = datetime(year + (mon == 12), 1 if mon == 12 else mon + 1, 1, tzinfo=timezone.utc)
+    return month, start, end
+
+
+def _grouped(qs: QuerySet, keys: list[str], fields: list[str]) -> dict[tuple, dict[str, Decimal]]:
+    """Sum `fields` of `qs` per `keys`, exactly."""
+    out: dict[tuple, dict[str, Decimal]] = {}
+    if connection.vendor == "postgresql":
+        for row in qs.order_by().values(*keys).annotate(**{f"s_{f}": Sum(f) for f in fields}):
+            out[tuple(row[k] for k in keys)] = {f: row[f"s_{f}"] or ZERO for f in fields}
+        return out
+    for row in qs.order_by().values_list(*keys, *fields).iterator(chunk_size=5000):
+        bucket = out.setdefault(tuple(row[:len(keys)]), {f: ZERO for f in fields})
+        for f, v in zip(fields, row[len(keys):]):
+            bucket[f] += Decimal(v)
+    return out
+
+
+def user_project(*, user, project_id) -> Project:
+    """The user's own project, or NotFound (someone else's id looks the same as a missing one)."""
+    try:
+        return Project.objects.get(pk=int(project_id), user=user)
+    except (Project.DoesNotExist, ValueError, TypeError):
+        raise NotFound("no such project") from None
+
+
+def statement(*, user, month: str | None, project_id=None) -> dict:
+    """A buyer's month: per project, per slice (GPU model + profile) GPU-seconds and amounts; wallet movements."""
+    label, start, end = month_bounds(month)
+    usage = UsageRecord.objects.filter(buyer=user, minute__gte=start, minute__lt=end)
+    wallet = LedgerEntry.objects.filter(account__user=user, account__kind=Account.Kind.WALLET)
+    month_wallet = wallet.filter(transaction__created_at__gte=start, transaction__created_at__lt=end)
+    if project_id not in (None, ""):
+        project = user_project(user=user, project_id=project_id)
+        usage = usage.filter(project=project)
+        month_wallet = month_wallet.filter(transaction__project=project)
+    slices = _grouped(usage, ["project", "gpu_model", "profile"], ["seconds", "amount"])
+    moves = _grouped(month_wallet, ["transaction__project", "transaction__kind"], ["amount"])
+    names = dict(Project.objects.filter(user=user).values_list("pk", "name"))
+    projects: dict = defaultdict(lambda: {"slices": [], "usage": ZERO, "seconds": ZERO, "other": {}})
+    for (pid, model, profile), s in sorted(slices.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1], kv[0][2])):
+        p = projects[pid]
+        p["slices"].append({"gpu_model": model, "profile": profile or "whole", "gpu_seconds": int(s["seconds"]),
+                            "gpu_hours": str((s["seconds"] / 3600).quantize(Decimal("0.0001"))),
+                            "amount": str(s["amount"]), "amount_usd": cents(s["amount"])})
+        p["usage"] += s["amount"]
+        p["seconds"] += s["seconds"]
+    totals = defaultdict(lambda: ZERO)
+    for (pid, kind), s in moves.items():
+        totals[kind] += s["amount"]
+        if kind not in ("usage", "topup", "refund"):  # usage is itemised above; top-ups/refunds are not spending
+            projects[pid]["other"][kind] = projects[pid]["other"].get(kind, ZERO) - s["amount"]
+    rows = []
+    grand_usage, grand_other, grand_seconds = ZERO, ZERO, ZERO
+    for pid in sorted(projects, key=lambda p: (p is not None, names.get(p, ""))):
+        p = projects[pid]
+        other = sum(p["other"].values(), ZERO)
+        grand_usage += p["usage"]
+        grand_other += other
+        grand_seconds += p["seconds"]
+        rows.append({"project": {"id": pid, "name": names.get(pid)} if pid else None, "slices": p["slices"],
+                     "gpu_seconds": int(p["seconds"]), "usage_amount": str(p["usage"]),
+                     "usage_amount_usd": cents(p["usage"]),
+                     "other_charges": [{"kind": k, "amount": str(v), "amount_usd": cents(v)}
+                                       for k, v in sorted(p["other"].items())],
+                     "total": str(p["usage"] + other), "total_usd": cents(p["usage"] + other)})
+    body = {"month": label, "currency": "usd", "period_start": start.isoformat(), "period_end": end.isoformat(),
+            "projects": rows,
+            "totals": {"gpu_seconds": int(grand_seconds), "usage_amount": str(grand_usage),
+                       "usage_amount_usd": cents(grand_usage), "other_charges_amount": str(grand_other),
+                       "amount": str(grand_usage + grand_other), "amount_usd": cents(grand_usage + grand_other)}}
+    if project_id in (None, ""):
+        opening = _sum(wallet.filter(transaction__created_at__lt=start))
+        closing = opening + sum(totals.values(), ZERO)
+        body["wallet"] = {"opening_balance": str(opening), "closing_balance": str(closing),
+                          "opening_balance_usd": cents(opening), "closing_balance_usd": cents(closing),
+                          "movements": {k: str(v) for k, v in sorted(totals.items())}}
+    return body
+
+
+def _sum(qs: QuerySet) -> Decimal:
+    if connection.vendor == "postgresql":
+        return qs.aggregate(s=Sum("amount"))["s"] or ZERO
+    return sum((Decimal(v) for v in qs.values_list("amount", flat=True).iterator(chunk_size=5000)), ZERO)
+
+
+def statement_csv_rows(body: dict) -> list[list[str]]:
+    """The statement as CSV rows: one per slice and per other charge, a subtotal per project, a total."""
+    rows = [["month", "project", "item", "gpu_model", "profile", "gpu_seconds", "amount_usd"]]
+    for p in body["projects"]:
+        name = p["project"]["name"] if p["project"] else ""
+        for s in p["slices"]:
+            rows.append([body["month"], name, "usage", s["gpu_model"], s["profile"], str(s["gpu_seconds"]),
+                         s["amount_usd"]])
+        for c in p["other_charges"]:
+            rows.append([body["month"], name, c["kind"], "", "", "", c["amount_usd"]])
+        rows.append([body["month"], name, "project total", "", "", str(p["gpu_seconds"]), p["total_usd"]])
+    rows.append([body["month"], "", "total", "", "", str(body["totals"]["gpu_seconds"]), body["totals"]["amount_usd"]])
+    return rows
+
+
+def earnings(*, user, month: str | None) -> dict:
+    """A provider's month: per node and GPU model, GPU-seconds, gross, platform fee and net; ledger by kind."""
+    label, start, end = month_bounds(month)
+    usage = UsageRecord.objects.filter(provider=user, minute__gte=start, minute__lt=end)
+    groups = _grouped(usage, ["node_id", "gpu_model"], ["seconds", "amount", "fee"])
+    node_names = dict(Node.objects.filter(pk__in={k[0] for k in groups if k[0]}).values_list("pk", "name"))
+    rows, gross, fee, seconds = [], ZERO, ZERO, ZERO
+    for (node_id, model), s in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        rows.append({"node": {"id": str(node_id), "name": node_names.get(node_id)} if node_id else None,
+                     "gpu_model": model, "gpu_seconds": int(s["seconds"]), "gross": str(s["amount"]),
+                     "fee": str(s["fee"]), "net": str(s["amount"] - s["fee"]), "net_usd": cents(s["amount"] - s["fee"])})
+        gross, fee, seconds = gross + s["amount"], fee + s["fee"], seconds + s["seconds"]
+    entries = LedgerEntry.objects.filter(account__user=user, account__kind=Account.Kind.EARNINGS)
+    by_kind = _grouped(entries.filter(transaction__created_at__gte=start, transaction__created_at__lt=end),
+                       ["transaction__kind"], ["amount"])
+    month_net = sum((v["amount"] for v in by_kind.values()), ZERO)
+    balance = Account.objects.filter(user=user, kind=Account.Kind.EARNINGS).values_list("balance", flat=True).first()
+    return {"month": label, "currency": "usd", "usage": rows,
+            "usage_totals": {"gpu_seconds": int(seconds), "gross": str(gross), "fee": str(fee),
+                             "net": str(gross - fee), "net_usd": cents(gross - fee)},
+            "ledger": {k[0]: str(v["amount"]) for k, v in sorted(by_kind.items())},
+            "month_net": str(month_net), "month_net_usd": cents(month_net),
+            "balance": str(balance if balance is not None else ZERO)}
