@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -12,6 +13,7 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
+from marketplace.services import localstripe
 from marketplace.services.demo import DEMO_USERS, demo_seed
 
 
@@ -28,6 +30,10 @@ def _wait_for_port(host: str, port: int, deadline: float) -> bool:
     return False
 
 
+def _loopback(host: str) -> str:
+    return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+
+
 class Command(BaseCommand):
     help = "Run the whole product locally: web, Celery worker and beat, and simulated GPU servers."
 
@@ -35,8 +41,10 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--no-agents", action="store_true", help="start no simulated agents")
+        parser.add_argument("--stripe-port", type=int, default=8420,
+                            help="loopback port of the local fake Stripe (localstripe) when STRIPE_SECRET_KEY is unset")
 
-    def handle(self, *args, host, port, no_agents, **opts):
+    def handle(self, *args, host, port, no_agents, stripe_port, **opts):
         if not _port_free(host, port):
             raise CommandError(f"port {port} on {host} is in use: stop what runs there or pass --port")
         settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
@@ -53,6 +61,24 @@ class Command(BaseCommand):
             procs.append((name, subprocess.Popen(argv, env={**env, **(extra_env or {})}, stdout=out,
                                                  stderr=subprocess.STDOUT, start_new_session=True)))
 
+        fake_stripe = not settings.STRIPE_SECRET_KEY
+        if fake_stripe:
+            # No Stripe account configured: payments go to localstripe on loopback, with demo keys and a
+            # webhook secret made up for this run, handed to web/worker/beat through their environment.
+            if not localstripe.available():
+                raise CommandError("localstripe is not installed: pip install -r requirements-dev.txt")
+            if not _port_free("127.0.0.1", stripe_port):
+                raise CommandError(f"port {stripe_port} is in use: stop what runs there or pass --stripe-port")
+            start("localstripe", localstripe.argv(port=stripe_port, python=py))
+            stripe_base = f"http://127.0.0.1:{stripe_port}"
+            env.update({"STRIPE_SECRET_KEY": "sk_test_local", "STRIPE_PUBLISHABLE_KEY": "pk_test_local",
+                        "STRIPE_API_BASE": stripe_base,
+                        "STRIPE_WEBHOOK_SECRET": "whsec_demo_" + secrets.token_hex(16)})
+            if not localstripe.wait_until_listening(port=stripe_port):
+                self._stop(procs)
+                raise CommandError(f"localstripe did not start; see {logs / 'localstripe.log'}")
+            localstripe.register_webhook(api_base=stripe_base, url=f"http://{_loopback(host)}:{port}/stripe/webhook/",
+                                         secret=env["STRIPE_WEBHOOK_SECRET"])
         start("web", [py, "-m", "uvicorn", "config.asgi:application", "--host", host, "--port", str(port),
                       "--ws", "websockets-sansio", "--log-level", "warning"])
         start("worker", [py, "-m", "celery", "-A", "config", "worker", "--pool", "solo", "--without-mingle",
@@ -71,6 +97,9 @@ class Command(BaseCommand):
         for username, password, staff in DEMO_USERS:
             self.stdout.write(f"  log in as {username:<9} password {password}{'   (operator: ' + url + 'admin/)' if staff else ''}")
         self.stdout.write(f"  simulated servers: " + ", ".join(f"{s.name} ({s.simulate})" for s, _, _ in nodes))
+        if fake_stripe:
+            self.stdout.write(f"  payments: local fake Stripe at {env['STRIPE_API_BASE']} (card 4242424242424242"
+                              " pays, 4000000000000341 is declined)")
         self.stdout.write(f"  API docs: {url}api/docs/   logs: {logs}/\nPress Ctrl-C to stop everything.\n")
         try:
             while True:
