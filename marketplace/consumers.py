@@ -7,7 +7,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from scheduler import selectors as fleet_selectors
-from scheduler.services.events import node_group
+from scheduler.services.events import buyer_group, node_group
 
 MAX_SUBSCRIPTIONS = 50
 
@@ -28,10 +28,15 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
             return
         self.groups_joined: set[str] = set()
         await self.accept()
+        # Every socket of a user hears that user's market events (lease running, balance low, interruption).
+        self.user_group = buyer_group(user.pk)
+        await self.channel_layer.group_add(self.user_group, self.channel_name)
 
     async def disconnect(self, code):
         for group in getattr(self, "groups_joined", ()):
             await self.channel_layer.group_discard(group, self.channel_name)
+        if getattr(self, "user_group", None):
+            await self.channel_layer.group_discard(self.user_group, self.channel_name)
 
     async def receive(self, text_data=None, bytes_data=None):
         try:
@@ -55,3 +60,6 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
 
     async def node_changed(self, message: dict):
         await self.send(text_data=json.dumps({"type": "changed", "node": message["node"], "change": message["change"]}))
+
+    async def market_event(self, message: dict):
+        await self.send(text_data=json.dumps({"type": "market", "event": message["event"]}))

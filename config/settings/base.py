@@ -162,6 +162,28 @@ STRIPE_PUBLISHABLE_KEY = env_str("STRIPE_PUBLISHABLE_KEY")
 STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET")
 STRIPE_API_BASE = env_str("STRIPE_API_BASE")  # a local fake Stripe server in the demo and tests
 
+# --- The market (docs/market.md) ------------------------------------------------------------------
+MARKET = {
+    # Spot interruption notice (DESIGN §5); a notice shorter than this is compensated automatically.
+    "SPOT_NOTICE_SECONDS": env_float("MARKET_SPOT_NOTICE_SECONDS", 120.0, minimum=0),
+    # Notice given to spot leases preempted for a higher class's order (less than the above = a credit).
+    "PREEMPT_NOTICE_SECONDS": env_float("MARKET_PREEMPT_NOTICE_SECONDS", 120.0, minimum=0),
+    "SHORT_NOTICE_CREDIT_HOURS": env_decimal("MARKET_SHORT_NOTICE_CREDIT_HOURS", "1", minimum=Decimal("0")),
+    "RESERVED_AHEAD_SECONDS": env_float("MARKET_RESERVED_AHEAD_SECONDS", 3600.0, minimum=0),
+    "RESALE_CAP": env_decimal("MARKET_RESALE_CAP", "0.90", minimum=Decimal("0")),
+    "MAX_DURATION_SECONDS": env_int("MARKET_MAX_DURATION_SECONDS", 90 * 86400, minimum=60),
+    "MIN_PREPAID_SECONDS": env_float("MARKET_MIN_PREPAID_SECONDS", 600.0, minimum=0),
+    "BALANCE_WARN_SECONDS": env_float("MARKET_BALANCE_WARN_SECONDS", 900.0, minimum=0),
+    "BALANCE_STOP_SECONDS": env_float("MARKET_BALANCE_STOP_SECONDS", 30.0, minimum=0),
+    "METER_SECONDS": env_float("MARKET_METER_SECONDS", 5.0, minimum=0.5),
+    "QUEUE_SECONDS": env_float("MARKET_QUEUE_SECONDS", 5.0, minimum=0.5),
+    "SPOT_PRICE_SECONDS": env_float("MARKET_SPOT_PRICE_SECONDS", 30.0, minimum=1),
+    "LEASE_TICK_SECONDS": env_float("MARKET_LEASE_TICK_SECONDS", 2.0, minimum=0.5),
+    "PLACE_RETRIES": env_int("MARKET_PLACE_RETRIES", 8, minimum=0, maximum=100),
+    "QUEUE_BATCH": env_int("MARKET_QUEUE_BATCH", 100, minimum=1),
+    "WEBHOOK_TIMEOUT_SECONDS": env_float("MARKET_WEBHOOK_TIMEOUT_SECONDS", 5.0, minimum=0.1, maximum=30),
+}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
@@ -174,6 +196,10 @@ LOGGING = {
 CELERY_BEAT_SCHEDULE = {
     "fleet-offline": {"task": "fleet.mark_silent_nodes_offline", "schedule": FLEET["OFFLINE_CHECK_SECONDS"]},
     "fleet-expire-commands": {"task": "fleet.expire_commands", "schedule": 5.0},
+    "market-meter": {"task": "market.meter", "schedule": MARKET["METER_SECONDS"]},
+    "market-retry-queue": {"task": "market.retry_queue", "schedule": MARKET["QUEUE_SECONDS"]},
+    "market-spot-prices": {"task": "market.spot_prices", "schedule": MARKET["SPOT_PRICE_SECONDS"]},
+    "market-lease-tick": {"task": "market.lease_tick", "schedule": MARKET["LEASE_TICK_SECONDS"]},
 }
 SPECTACULAR_SETTINGS.update({"SWAGGER_UI_DIST": "SIDECAR", "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
                              "REDOC_DIST": "SIDECAR"})

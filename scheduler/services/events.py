@@ -15,6 +15,11 @@ def agent_group(node_id) -> str:
     return f"agent.{node_id}"
 
 
+def buyer_group(user_id) -> str:
+    """A signed-in user's console sockets: lease events, balance warnings, interruption notices."""
+    return f"console.user.{user_id}"
+
+
 def _send(group: str, message: dict) -> None:
     layer = get_channel_layer()
     if layer is None:
@@ -32,3 +37,7 @@ def send_to_agent(node_id, frame: dict) -> None:
 
 def tell_agent_uncordoned(node_id, gpu_uuid: str) -> None:
     _send(agent_group(node_id), {"type": "agent.resync", "gpu_uuid": gpu_uuid})
+
+
+def announce_buyer(user_id, event: dict) -> None:
+    _send(buyer_group(user_id), {"type": "market.event", "event": event})

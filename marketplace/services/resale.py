@@ -1,0 +1,153 @@
+"""Resale: the holder of a reservation lists a future part of it at an ask capped at 90% of the current
+on-demand price; a buyer purchases it; the window moves to the buyer atomically (the reservation is split),
+the seller's wallet gets the price less the published platform fee (settings.PLATFORM_FEE_RATE).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from marketplace.models import Lease, Mode, Order, Reservation, ResaleListing
+from marketplace.services import ledger
+from scheduler.errors import Conflict, DomainError, NotFound
+from scheduler.models import Gpu
+
+from . import capacity
+from .capacity import market
+
+
+def resale_cap(*, reservation: Reservation) -> Decimal:
+    """90% (settings.MARKET RESALE_CAP) of the current on-demand price of the reservation's slice, per hour."""
+    gpu = reservation.gpu
+    od = capacity.on_demand_price(node=gpu.node, geometry=gpu.geometry(), profile=reservation.profile or None)
+    return capacity.micro(od * market("RESALE_CAP"))
+
+
+def listing_create(*, seller, reservation_id, starts_at: datetime, ends_at: datetime, ask_per_hour: Decimal,
+                   now: datetime | None = None) -> ResaleListing:
+    """List [starts_at, ends_at) of the seller's reservation for resale at `ask_per_hour`."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        # Lock the reservation: the race is a purchase splitting it while its holder lists another part.
+        r = (Reservation.objects.select_for_update(of=("self",)).select_related("gpu__node", "gpu__gpu_model")
+             .filter(pk=reservation_id, holder=seller).first())
+        if r is None:
+            raise NotFound("no such reservation among yours", field="reservation")
+        if r.state not in Reservation.LIVE_STATES:
+            raise Conflict(f"the reservation is {r.state}", code="not_listable")
+        if starts_at < now:
+            raise DomainError("a listed window cannot start in the past", field="starts_at")
+        if ends_at <= starts_at:
+            raise DomainError("the listed window must end after it starts", field="ends_at")
+        if starts_at < r.starts_at or ends_at > r.ends_at:
+            raise DomainError(f"the listed window must lie within the reservation "
+                              f"({r.starts_at.isoformat()} to {r.ends_at.isoformat()})", field="starts_at")
+        cap = resale_cap(reservation=r)
+        if not (Decimal("0") < ask_per_hour <= cap):
+            raise DomainError(f"the ask must be above 0 and at most {cap}/h (90% of on demand)",
+                              field="ask_per_hour", details={"cap": str(cap)})
+        if r.listings.filter(state=ResaleListing.State.OPEN, starts_at__lt=ends_at, ends_at__gt=starts_at).exists():
+            raise Conflict("an open listing already covers part of this window", code="listing_overlap")
+        return ResaleListing.objects.create(
+            reservation=r, seller=seller, starts_at=starts_at, ends_at=ends_at, ask_per_hour=ask_per_hour,
+            price_total=capacity.cost(per_hour=ask_per_hour, seconds=(ends_at - starts_at).total_seconds()),
+            gpu_model=r.gpu.gpu_model.key if r.gpu.gpu_model else "", profile=r.profile or "whole",
+            region=r.gpu.node.region)
+
+
+def listing_cancel(*, seller, listing_id) -> ResaleListing:
+    with transaction.atomic():
+        listing = ResaleListing.objects.select_for_update().filter(pk=listing_id, seller=seller).first()
+        if listing is None:
+            raise NotFound("no such listing among yours", field="listing")
+        if listing.state != ResaleListing.State.OPEN:
+            raise Conflict(f"the listing is {listing.state}", code="not_open")
+        listing.state = ResaleListing.State.CANCELLED
+        listing.save(update_fields=["state"])
+    return listing
+
+
+@dataclass
+class Purchase:
+    listing: ResaleListing
+    reservation: Reservation  # the buyer's
+    order: Order
+
+
+def listing_purchase(*, buyer, listing_id, now: datetime | None = None) -> Purchase:
+    """Buy a listed window: paid from the buyer's wallet, the seller credited less the fee, the reservation
+    split so that the window is the buyer's and no longer the seller's. A window sells once."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        # Lock the listing: the race is two buyers purchasing it at once; the second sees it sold.
+        listing = ResaleListing.objects.select_for_update().filter(pk=listing_id).first()
+        if listing is None:
+            raise NotFound("no such listing", field="listing")
+        if listing.state != ResaleListing.State.OPEN:
+            raise Conflict(f"the listing is {listing.state}", code="not_open")
+        if listing.seller_id == buyer.pk:
+            raise DomainError("you cannot buy your own listing", field="listing")
+        if listing.starts_at < now:
+            raise Conflict("the listed window has already started", code="window_started")
+        # Lock the reservation (then its GPU): the race is its holder listing or a tick starting it meanwhile.
+        r = Reservation.objects.select_for_update().get(pk=listing.reservation_id)
+        if r.state not in Reservation.LIVE_STATES or listing.starts_at < r.starts_at or listing.ends_at > r.ends_at:
+            raise Conflict("the reservation no longer covers this window", code="not_open")
+        Gpu.objects.select_for_update().get(pk=r.gpu_id)
+        order = Order.objects.create(buyer=buyer, mode=Mode.RESALE, listing=listing, state=Order.State.PLACED,
+                                     gpu_models=[listing.gpu_model], window_start=listing.starts_at,
+                                     window_end=listing.ends_at, price_per_hour=listing.ask_per_hour,
+                                     total_price=listing.price_total, placed_at=now)
+        fee = ledger.fee_for(amount=listing.price_total, fee_rate=settings.PLATFORM_FEE_RATE)
+        ledger.post(kind="resale", memo=f"resale of {str(r.pk)[:8]} {listing.starts_at:%Y-%m-%d %H:%M}",
+                    idempotency_key=f"resale:{listing.pk}", order=order.pk,
+                    lines=[(ledger.account_for(user=buyer, kind="wallet"), -listing.price_total),
+                           (ledger.account_for(user=listing.seller, kind="wallet"), listing.price_total - fee),
+                           (ledger.platform_account("platform_fees"), fee)])
+        mine = _split(r, listing=listing, buyer=buyer, order=order)
+        listing.state, listing.buyer, listing.sold_reservation = ResaleListing.State.SOLD, buyer, mine
+        listing.fee, listing.sold_at = fee, now
+        listing.save(update_fields=["state", "buyer", "sold_reservation", "fee", "sold_at"])
+    return Purchase(listing=listing, reservation=mine, order=order)
+
+
+def _split(r: Reservation, *, listing: ResaleListing, buyer, order: Order) -> Reservation:
+    """Replace `r` by up to three pieces: the seller's before, the buyer's window, the seller's after."""
+    r.state = Reservation.State.SPLIT  # first, so the pieces do not overlap a live reservation
+    r.save(update_fields=["state"])
+    hours = Decimal(str((r.ends_at - r.starts_at).total_seconds() / 3600))
+
+    def piece(holder, start, end, state, per_hour=r.price_per_hour, total=None, order=r.order) -> Reservation:
+        share = Decimal(str((end - start).total_seconds() / 3600)) / hours
+        return Reservation.objects.create(
+            holder=holder, order=order, parent=r, gpu_id=r.gpu_id, profile=r.profile, slot_start=r.slot_start,
+            slot_end=r.slot_end, starts_at=start, ends_at=end, state=state, price_per_hour=per_hour,
+            price_total=total if total is not None else capacity.cents(r.price_total * share))
+
+    pieces = []
+    if r.starts_at < listing.starts_at:
+        pieces.append(piece(r.holder, r.starts_at, listing.starts_at, _live_state(r)))
+    mine = piece(buyer, listing.starts_at, listing.ends_at, Reservation.State.BOOKED,
+                 per_hour=listing.ask_per_hour, total=listing.price_total, order=order)
+    if listing.ends_at < r.ends_at:
+        pieces.append(piece(r.holder, listing.ends_at, r.ends_at, Reservation.State.BOOKED))
+    # The seller's running lease (if any) belongs to the piece that covers now; other listings follow theirs.
+    before = pieces[0] if pieces and pieces[0].starts_at == r.starts_at else None
+    if before is not None:
+        Lease.objects.filter(reservation=r, state__in=Lease.OPEN_STATES).update(reservation=before, ends_at=before.ends_at)
+    for other in r.listings.filter(state=ResaleListing.State.OPEN).exclude(pk=listing.pk):
+        home = next((p for p in pieces if p.starts_at <= other.starts_at and other.ends_at <= p.ends_at), None)
+        if home is not None:
+            ResaleListing.objects.filter(pk=other.pk).update(reservation=home)
+    return mine
+
+
+def _live_state(r: Reservation) -> str:
+    """The state the seller's first piece inherits: running if the original had a running lease."""
+    running = Lease.objects.filter(reservation=r, state__in=Lease.OPEN_STATES).exists()
+    return Reservation.State.ACTIVE if running else Reservation.State.BOOKED

@@ -1,0 +1,169 @@
+"""Reserved capacity: a window booked ahead on a concrete GPU, profile and start, paid when booked
+(0.85 × base when at least an hour ahead, else base). Never overbooked: the booking re-checks overlaps
+under the GPU's row lock (every database), and PostgreSQL's exclusion constraint refuses what slips by.
+The beat clears spot leases off the slots before the window, starts the lease at its start, ends it at its
+end; the window is the holder's whether used or not.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Callable
+
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from marketplace.models import LedgerTransaction, Lease, Mode, Order, Reservation
+from marketplace.services import ledger
+from scheduler.core.model import Request
+from scheduler.errors import Conflict, DomainError
+from scheduler.models import Gpu, Slice
+from scheduler.services import allocation
+from scheduler.services.slices import slice_create
+
+from . import capacity
+from .capacity import market
+
+
+def reserved_slots(gpu: Gpu, profile: str | None, start: int) -> tuple[str, int, int]:
+    """(profile to carve, first memory slice, end memory slice) of a placement; a whole MIG GPU is its full
+    profile, a non-MIG GPU is one slot."""
+    geometry = gpu.geometry()
+    if geometry is None:
+        return "", 0, 1
+    if profile is None:
+        full = geometry.full_profile
+        return full.name, 0, full.memory_slices
+    return profile, start, start + geometry.profile(profile).memory_slices
+
+
+def reservation_book(*, order: Order, snapshot: Callable[[], allocation.Snapshot], request: Request,
+                     now: datetime) -> bool:
+    """Book `order`'s window where the engine places it and charge it; False (with reasons) when nothing
+    is free for the whole window. Runs inside the order's transaction."""
+    for _ in range(market("PLACE_RETRIES") + 1):
+        snap = snapshot()
+        decision = allocation.decide(snapshot=snap, request=request, allow_preemption=False)
+        if not decision.ok:
+            order.reasons, order.explain = decision.reasons, decision.explain()[:500]
+            return False
+        p = decision.placements[0]
+        gpu, node, geometry = capacity.placement_facts(snapshot=snap, gpu_uuid=p.gpu_uuid)
+        profile, slot_start, slot_end = reserved_slots(gpu, p.profile, p.start)
+        try:
+            with transaction.atomic():
+                # Lock the GPU row: the race is two bookings (or a booking and a claim) on these slots.
+                Gpu.objects.select_for_update().get(pk=gpu.pk)
+                if capacity.overlapping_reservations(gpu_id=gpu.pk, slot_start=slot_start, slot_end=slot_end,
+                                                     start=order.window_start, end=order.window_end).exists():
+                    raise Conflict("lost the race for these slots", code="lost_race")
+                per_hour = capacity.reserved_price(node=node, geometry=geometry, profile=profile or None,
+                                                   starts_at=order.window_start, now=now)
+                seconds = (order.window_end - order.window_start).total_seconds()
+                total = capacity.cost(per_hour=per_hour, seconds=seconds)
+                r = Reservation.objects.create(
+                    holder=order.buyer, order=order, gpu=gpu, profile=profile, slot_start=slot_start,
+                    slot_end=slot_end, starts_at=order.window_start, ends_at=order.window_end,
+                    price_per_hour=per_hour, price_total=total)
+        except (Conflict, IntegrityError):  # IntegrityError: PostgreSQL's exclusion constraint
+            continue
+        if total > 0:
+            ledger.charge(buyer=order.buyer, provider=node.provider, amount=total, kind="reservation",
+                          idempotency_key=f"reservation:{r.pk}", order=order.pk,
+                          memo=f"reservation {str(r.pk)[:8]} {profile or gpu.name} {seconds / 3600:g} h")
+        order.state, order.placed_at = Order.State.PLACED, now
+        order.price_per_hour, order.total_price, order.reasons, order.explain = per_hour, total, {}, ""
+        order.save(update_fields=["state", "placed_at", "price_per_hour", "total_price", "reasons", "explain",
+                                  "attempts"])
+        return True
+    order.reasons, order.explain = {"lost the race for capacity": 1}, "lost the race for capacity"
+    return False
+
+
+def _slots_of(sl: Slice) -> range:
+    return range(0, 64) if not sl.size else range(sl.start, sl.start + sl.size)
+
+
+def reservations_tick(*, now: datetime | None = None) -> None:
+    """Beat: clear spot off soon-starting windows, start due windows, end and settle finished ones."""
+    now = now or timezone.now()
+    _clear_spot(now)
+    for r_id in Reservation.objects.filter(state=Reservation.State.BOOKED, starts_at__lte=now,
+                                           ends_at__gt=now).values_list("id", flat=True):
+        _start(r_id, now)
+    for r_id in Reservation.objects.filter(state__in=Reservation.LIVE_STATES, ends_at__lte=now).values_list(
+            "id", flat=True):
+        _finish(r_id, now)
+
+
+def _clear_spot(now: datetime) -> None:
+    """Spot leases on the slots of a window starting within the notice horizon get their notice now, so
+    that they are gone when it starts (full notice when the booking came early enough, else a credit)."""
+    from .spot import spot_interrupt
+
+    horizon = now + timedelta(seconds=capacity.spot_clear_horizon())
+    clear = timedelta(seconds=2 * market("LEASE_TICK_SECONDS"))
+    soon = list(Reservation.objects.filter(state=Reservation.State.BOOKED, starts_at__lte=horizon,
+                                           ends_at__gt=now))
+    if not soon:
+        return
+    spot = list(Lease.objects.filter(mode=Mode.SPOT, state__in=[Lease.State.RUNNING, Lease.State.PROVISIONING],
+                                     slice__gpu_id__in={r.gpu_id for r in soon}).select_related("slice"))
+    for r in soon:
+        for lease in spot:
+            s = _slots_of(lease.slice)
+            if lease.slice.gpu_id == r.gpu_id and s.start < r.slot_end and r.slot_start < s.stop:
+                spot_interrupt(lease_id=lease.pk, kind="reservation", now=now,
+                               deadline=max(now, r.starts_at - clear))
+
+
+def _start(reservation_id, now: datetime) -> None:
+    from .leases import lease_open
+
+    try:
+        with transaction.atomic():
+            # Lock the reservation: the race is a second beat worker starting it too, or a resale splitting it.
+            r = (Reservation.objects.select_for_update(skip_locked=True).select_related("holder", "order")
+                 .filter(pk=reservation_id, state=Reservation.State.BOOKED).first())
+            if r is None or r.leases.filter(state__in=Lease.OPEN_STATES).exists():
+                return
+            sl = slice_create(gpu_id=r.gpu_id, profile=r.profile or None, start=r.slot_start if r.profile else None)
+            lease_open(order=r.order, buyer=r.holder, sl=sl, mode=Mode.RESERVED, price_per_hour=Decimal("0"),
+                       ends_at=r.ends_at, reservation=r, now=now)
+            r.state = Reservation.State.ACTIVE
+            r.save(update_fields=["state"])
+    except DomainError:
+        return  # slots still held by a leaving lease, node offline: the next tick tries again
+
+
+def _finish(reservation_id, now: datetime) -> None:
+    from .leases import lease_end
+
+    with transaction.atomic():
+        r = (Reservation.objects.select_for_update(skip_locked=True).select_related("holder")
+             .filter(pk=reservation_id, state__in=Reservation.LIVE_STATES).first())
+        if r is None:
+            return
+        for lease_id in r.leases.filter(state__in=Lease.OPEN_STATES).values_list("id", flat=True):
+            lease_end(lease_id=lease_id, reason="window over", at=min(now, r.ends_at))
+        delivered = r.leases.filter(started_at__isnull=False).exists()
+        r.state = Reservation.State.DONE if delivered else Reservation.State.REFUNDED
+        r.save(update_fields=["state"])
+        if not delivered and r.price_total > 0:
+            _refund_undelivered(r)
+
+
+def _refund_undelivered(r: Reservation) -> None:
+    """The platform never delivered the window (node offline throughout): the holder gets its price back,
+    from the provider where the booking charge can be reversed, else as a platform credit."""
+    root = r
+    while root.parent_id is not None:
+        root = root.parent
+    original = LedgerTransaction.objects.filter(idempotency_key=f"reservation:{root.pk}").first()
+    key = f"reservation-refund:{r.pk}"
+    if original is not None and not hasattr(r, "bought_from"):
+        ledger.refund(original=original, idempotency_key=key, amount=r.price_total,
+                      memo=f"reservation {str(r.pk)[:8]} was not delivered")
+    else:
+        ledger.credit(user=r.holder, amount=r.price_total, idempotency_key=key,
+                      memo=f"reservation {str(r.pk)[:8]} was not delivered")
