@@ -92,6 +92,11 @@ class Command(BaseCommand):
                 start(f"agent-{spec.name}", [py, "-m", "nodeagent", "--server", f"ws://{host}:{port}/ws/agent/",
                                              "--simulate", spec.simulate, "--hostname", f"{spec.name}.local"],
                       {"NODEAGENT_TOKEN": token})
+        # `kill` or a closed terminal must stop the children too, not only Ctrl-C.
+        def _terminate(signum, frame):
+            raise KeyboardInterrupt
+        signal.signal(signal.SIGTERM, _terminate)
+        signal.signal(signal.SIGHUP, _terminate)
         url = f"http://{host}:{port}/"
         self.stdout.write(self.style.SUCCESS(f"\nGPU Market is running at {url}"))
         for username, password, staff in DEMO_USERS:
