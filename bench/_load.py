@@ -35,7 +35,9 @@ async def agent(url: str, token: str | None, hostname: str, gpus: int, interval:
                 echo: bool, latencies: list):
     hello, samples = frames_for(hostname, gpus)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    async with websockets.connect(url, additional_headers=headers, max_queue=None, open_timeout=60) as ws:
+    # No keepalive pings: under saturation a late pong would close the socket and end the measurement.
+    async with websockets.connect(url, additional_headers=headers, max_queue=None, open_timeout=60,
+                                  ping_interval=None) as ws:
         if not echo:
             await ws.send(protocol.encode(hello))
             welcome = json.loads(await ws.recv())
@@ -65,7 +67,7 @@ async def agent(url: str, token: str | None, hostname: str, gpus: int, interval:
 
 async def console(url: str, session: str, origin: str, node_ids: list[str], clock: dict, latencies: list):
     async with websockets.connect(url, additional_headers={"Cookie": f"sessionid={session}", "Origin": origin},
-                                  max_queue=None, open_timeout=60) as ws:
+                                  max_queue=None, open_timeout=60, ping_interval=None) as ws:
         for nid in node_ids:
             await ws.send(json.dumps({"subscribe": {"node": nid}}))
         await clock["go"].wait()

@@ -1,0 +1,117 @@
+"""Placement quality on the openb traces: our scheduler against whole-GPU renting and best-fit.
+
+    .venv/bin/python bench/placement_quality.py            # default + gpushare40, loads x4 and x8
+    .venv/bin/python bench/placement_quality.py --quick    # a prefix of each trace, same loads
+
+Claims checked (from the articles this project answers), each printed as measured, with the margin:
+- allocation, ours / whole-GPU renting >= 2x
+- p99 queue wait, ours / whole-GPU renting <= 0.28x
+- time-averaged fragmentation, ours below best-fit
+Where a claim misses, the bench says by how much and prints the figures that explain it. Nothing here is
+tuned to make a claim hold: the pool is the openb node list through the documented model mapping, scaled
+to 2% (133 GPUs) because the trace at its own size asks for 1% of its cluster (docs/simulator.md).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from scheduler.sim.policies import factory  # noqa: E402
+from scheduler.sim.report import human_seconds, summarise  # noqa: E402
+from scheduler.sim.run import DEFAULT_TRACE_DIR, SimConfig, prepare, run_policy  # noqa: E402
+
+TRACES = ("openb_pod_list_default.csv", "openb_pod_list_gpushare40.csv")
+LOADS = (4.0, 8.0)
+POOL_SCALE = 0.02
+POLICIES = ("whole-gpu", "best-fit", "ours")
+QUICK_LIMIT = 3000
+
+
+def whole_share(prepared) -> float:
+    """Share of the asked-for GPU-seconds that comes from pods asking for whole GPUs."""
+    total = sum(j.demand.share * j.pod.runtime for j in prepared.jobs)
+    whole = sum(j.demand.share * j.pod.runtime for j in prepared.jobs if j.demand.whole_gpu)
+    return whole / total if total else 0.0
+
+
+def ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def verdicts(s: dict[str, dict], prepared) -> list[str]:
+    ours, whole, best = s["ours"], s["whole-gpu"], s["best-fit"]
+    out = []
+    r = ratio(ours["allocation"], whole["allocation"])
+    ceiling = ratio(whole["held"], whole["allocation"])
+    line = f"  allocation ours/whole-GPU = {r:.2f}x (claim >= 2x): " if r is not None else "  allocation: no data "
+    if r is not None and r >= 2:
+        line += "HOLDS"
+    elif r is not None and whole["wait_p99_s"] == 0:
+        line += (f"MISSES by {2 - r:.2f}x. Whole-GPU renting started (nearly) every job on arrival, so every "
+                 f"policy ran all the work offered and allocation is the same by construction; slicing only "
+                 f"shows under contention (it saved {whole['held'] - ours['held']:.1%} of the pool in held "
+                 f"capacity here).")
+    elif r is not None:
+        line += (f"MISSES by {2 - r:.2f}x. Whole-GPU renting held {whole['held']:.1%} of the GPUs for "
+                 f"{whole['allocation']:.1%} of asked-for work, so even perfect slicing could raise allocation "
+                 f"at most {ceiling:.2f}x at this load; {whole_share(prepared):.0%} of the asked-for GPU-seconds "
+                 f"come from pods that want whole GPUs, which slicing cannot pack tighter.")
+    out.append(line)
+    p_ours, p_whole = ours["wait_p99_s"], whole["wait_p99_s"]
+    r = ratio(p_ours, p_whole)
+    if r is None:
+        out.append(f"  p99 wait ours/whole-GPU: whole-GPU p99 is {human_seconds(p_whole)}, ours "
+                   f"{human_seconds(p_ours)}: "
+                   + ("no ratio (neither waits at the 99th percentile): claim untestable at this load"
+                      if p_ours == 0 else "ours waits longer: claim MISSES"))
+    else:
+        out.append(f"  p99 wait ours/whole-GPU = {r:.2f}x ({human_seconds(p_ours)} vs {human_seconds(p_whole)}, "
+                   f"claim <= 0.28x): " + ("HOLDS" if r <= 0.28 else f"MISSES by {r - 0.28:.2f}x"))
+    f_ours, f_best = ours["fragmentation"], best["fragmentation"]
+    out.append(f"  fragmentation ours {f_ours:.4f} vs best-fit {f_best:.4f} (claim: below): "
+               + ("HOLDS" if f_ours < f_best else f"MISSES by {f_ours - f_best:.4f} "
+                  f"({(f_ours - f_best) / f_best:+.0%})" if f_best > 0 else "MISSES"))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help=f"replay the first {QUICK_LIMIT} rows of each trace")
+    ap.add_argument("--json", type=Path, default=None, help="write every figure as JSON here")
+    ap.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACE_DIR)
+    args = ap.parse_args(argv)
+    t0 = time.perf_counter()
+    results = []
+    for trace in TRACES:
+        for load in LOADS:
+            cfg = SimConfig(trace=args.trace_dir / trace, pool_scale=POOL_SCALE, load=load,
+                            limit=QUICK_LIMIT if args.quick else None)
+            prepared = prepare(cfg)
+            s = {name: summarise(run_policy(prepared, name, factory(name))) for name in POLICIES}
+            gpus = sum(n.gpus for n in prepared.node_specs)
+            print(f"\n{trace} x{load:g} on {gpus} GPUs ({len(prepared.jobs)} jobs)")
+            for name in POLICIES:
+                x = s[name]
+                print(f"  {name:10s} alloc {x['allocation']:6.1%}  held {x['held']:6.1%}  frag "
+                      f"{x['fragmentation']:.4f}  wait p50 {human_seconds(x['wait_p50_s']):>6}  p99 "
+                      f"{human_seconds(x['wait_p99_s']):>6}  max {human_seconds(x['wait_max_s']):>6}  "
+                      f"done in window {x['completed_in_window']}")
+            for line in verdicts(s, prepared):
+                print(line)
+            results.append({"trace": trace, "load": load, "gpus": gpus, "jobs": len(prepared.jobs),
+                            "whole_gpu_share_of_demand": round(whole_share(prepared), 4),
+                            "policies": {k: {kk: vv for kk, vv in v.items() if kk != "placed_as"}
+                                         for k, v in s.items()}})
+    print(f"\n{time.perf_counter() - t0:.1f}s wall clock" + (" (--quick)" if args.quick else ""))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
