@@ -54,6 +54,8 @@ class Scheduler:
         self.adapt_weights = adapt_weights
         self.max_candidates = max_candidates
         self.packing_candidates = packing_candidates
+        self._rank_cache: dict[tuple[str, str], tuple[tuple[int, int], list]] = {}
+        self._shares: dict[Weights, list[tuple[Scorer, float]]] = {}
 
     # --- public --------------------------------------------------------------------------------------
 
@@ -97,8 +99,13 @@ class Scheduler:
               ) -> tuple[float, dict[str, float]]:
         """(score 0..100, per-plugin weighted contributions) of one option."""
         weights = weights or self.weights()
-        total_w = sum(weights.get(s.name) for s in self.scorers) or 1.0
-        breakdown = {s.name: weights.get(s.name) / total_w * s.score(option, request) for s in self.scorers}
+        shares = self._shares.get(weights)
+        if shares is None:
+            total_w = sum(weights.get(s.name) for s in self.scorers) or 1.0
+            if len(self._shares) > 64:
+                self._shares.clear()  # weights move with load: keep the memo small
+            shares = self._shares[weights] = [(s, weights.get(s.name) / total_w) for s in self.scorers]
+        breakdown = {s.name: share * s.score(option, request) for s, share in shares}
         return sum(breakdown.values()), breakdown
 
     def rescore(self, decision: Decision, request: Request) -> float:
@@ -319,7 +326,7 @@ class Scheduler:
         within a bucket; yields until `packing_candidates` of them were offered. The static walk above
         ignores packing, so this second, short walk brings the tightest fits into the comparison."""
         pool = self.pool
-        ranked = []
+        ranked: list[tuple[float, tuple[float, int], list[tuple[float, int]]]] = []
         for model, mig_off in sorted(self.alive_kinds(request)):
             g = pool.spec(model).mig
             if mig_off or g is None:
@@ -327,11 +334,12 @@ class Scheduler:
             p = mig.smallest_fitting_profile(g, memory_gb=request.memory_gb, compute_slices=request.compute_slices)
             if p is None:
                 continue
-            for layout, lst in pool.by_layout.get((model, p.name), {}).items():
-                best = pool.frags.best_start(model, g, layout, p.name)
-                if best is not None and lst:
-                    ranked.append((best[1], lst[0], lst))
-        ranked.sort(key=lambda t: (t[0], t[1]))
+            buckets = pool.by_layout.get((model, p.name), {})
+            for delta, layout in self._layout_rank(model, g, p.name):
+                lst = buckets.get(layout)
+                if lst:
+                    ranked.append((delta, lst[0], lst))
+        ranked.sort(key=lambda t: (t[0], t[1]))  # equal Δfrag: the bucket with the best node first
         offered = 0
         for _, _, lst in ranked:
             for _, idx in lst:
@@ -339,6 +347,23 @@ class Scheduler:
                 offered += 1
                 if offered >= self.packing_candidates:
                     return
+
+    def _layout_rank(self, model: str, g: mig.MigGeometry, profile: str) -> list[tuple[float, tuple]]:
+        """Layouts holding GPUs where `profile` fits, by Δfrag of placing it; cached until a layout
+        bucket comes or goes or the demand mix is refreshed."""
+        pool = self.pool
+        key = (model, profile)
+        stamp = (pool.layout_epoch[key], pool.mix.version)
+        hit = self._rank_cache.get(key)
+        if hit is None or hit[0] != stamp:
+            ranked = []
+            for layout in pool.by_layout.get(key, {}):
+                best = pool.frags.best_start(model, g, layout, profile)
+                if best is not None:
+                    ranked.append((best[1], layout))
+            ranked.sort()
+            hit = self._rank_cache[key] = (stamp, ranked)
+        return hit[1]
 
 
 def _invalid(request: Request) -> str | None:

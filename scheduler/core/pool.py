@@ -68,6 +68,7 @@ class Pool:
         # (model, MIG profile) -> layout -> GPUs with that layout where the profile fits, static key order:
         # every GPU in a bucket has the same packing cost for the profile (fragmentation.FragCache)
         self.by_layout: dict[tuple[str, str], dict[tuple, list[tuple[float, int]]]] = defaultdict(dict)
+        self.layout_epoch: dict[tuple[str, str], int] = defaultdict(int)  # bumps when a bucket comes or goes
         self._free_sum: dict[str, float] = defaultdict(float)
         self._cap: dict[str, int] = defaultdict(int)
         self.node_free: dict[str, int] = defaultdict(int)
@@ -294,7 +295,11 @@ class Pool:
         for name in avail:
             bisect.insort(self.avail[(model, name)][rec.region], (-rec.key, rec.idx))
             if name not in (WHOLE, FIXED):
-                bisect.insort(self.by_layout[(model, name)].setdefault(rec.layout, []), (-rec.key, rec.idx))
+                buckets = self.by_layout[(model, name)]
+                if rec.layout not in buckets:
+                    buckets[rec.layout] = []
+                    self.layout_epoch[(model, name)] += 1
+                bisect.insort(buckets[rec.layout], (-rec.key, rec.idx))
         rec.avail = avail
         groups = self.node_groups[rec.node.id]
         if rec.sig is not None:
@@ -336,6 +341,7 @@ class Pool:
             del lst[i]
         if not lst:
             del buckets[rec.layout]
+            self.layout_epoch[(model, name)] += 1
 
     def _index_remove(self, model: str, name: str, region: str, rec: GpuRecord) -> None:
         lst = self.avail[(model, name)][region]
