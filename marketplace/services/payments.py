@@ -124,7 +124,8 @@ def _confirm_with_card(*, payment: Payment, card: str) -> Payment:
         raise _provider_error(exc) from exc
     if intent.status == "succeeded":
         return apply_succeeded_intent(intent_id=intent.id, amount_cents=intent.amount,
-                                      currency=intent.currency, metadata=dict(intent.metadata or {}))
+                                      currency=intent.currency,
+                                      metadata=intent.metadata.to_dict() if intent.metadata else {})
     Payment.objects.filter(pk=payment.pk, status=Payment.Status.REQUIRES_PAYMENT_METHOD).update(
         status=Payment.Status.PROCESSING)
     payment.refresh_from_db()
@@ -175,23 +176,24 @@ def webhook_receive(*, payload: bytes, signature: str | None) -> StripeEvent:
     with transaction.atomic():
         try:
             with transaction.atomic():
-                stored = StripeEvent.objects.create(event_id=event.id, type=event.type, payload=event.to_dict())
+                payload_dict = event.to_dict()
+                stored = StripeEvent.objects.create(event_id=event.id, type=event.type, payload=payload_dict)
         except IntegrityError:
             # Redelivery (or a concurrent duplicate that committed first): it has been applied already.
             return StripeEvent.objects.get(event_id=event.id)
-        obj = event.data.object
+        obj = payload_dict.get("data", {}).get("object", {})  # plain dicts: StripeObject is no mapping
         if event.type == "payment_intent.succeeded":
             try:
-                apply_succeeded_intent(intent_id=obj.id, amount_cents=obj.amount, currency=obj.currency,
-                                       metadata=dict(obj.get("metadata") or {}))
-            except DomainError as exc:
+                apply_succeeded_intent(intent_id=obj["id"], amount_cents=int(obj["amount"]),
+                                       currency=obj["currency"], metadata=obj.get("metadata") or {})
+            except (DomainError, KeyError, TypeError, ValueError) as exc:
                 # Not ours or inconsistent: keep the event unprocessed for an operator instead of making
                 # Stripe retry for days; nothing was credited (the savepoint rolled back).
-                log.error("stripe event %s not applied: %s", event.id, exc.message)
+                log.error("stripe event %s not applied: %s", event.id, getattr(exc, "message", repr(exc)))
                 return stored
         elif event.type == "payment_intent.payment_failed":
             error = obj.get("last_payment_error") or {}
-            Payment.objects.filter(stripe_payment_intent_id=obj.id).exclude(
+            Payment.objects.filter(stripe_payment_intent_id=obj.get("id")).exclude(
                 status__in=[Payment.Status.SUCCEEDED, Payment.Status.REFUNDED]).update(
                 status=Payment.Status.FAILED, failure_message=(error.get("message") or "")[:400],
                 decline_code=(error.get("decline_code") or error.get("code") or "")[:80])
