@@ -19,7 +19,8 @@ def write_trace(tmp_path: Path, pods: list[str], nodes: list[tuple[str, int]]) -
     (tmp_path / "pods.csv").write_text(HEADER + "\n".join(pods) + "\n")
     (tmp_path / "nodes.csv").write_text("sn,cpu_milli,memory_mib,gpu,model\n"
                                         + "".join(f"{n},64000,262144,{g},G2\n" for n, g in nodes))
-    return SimConfig(trace=tmp_path / "pods.csv", nodes=tmp_path / "nodes.csv", warmup=0.0, head_protect_s=None)
+    return SimConfig(trace=tmp_path / "pods.csv", nodes=tmp_path / "nodes.csv", pool_scale=1.0, warmup=0.0,
+                     head_protect_s=None)
 
 
 # Two nodes with one A100-80GB each (G2 -> a100-80gb).
