@@ -65,8 +65,11 @@ class Scheduler:
             return self.base_weights
         return weights_for(self.base_weights, load=1.0 - self.pool.free_share())
 
-    def decide(self, request: Request, *, allow_preemption: bool = True) -> Decision:
-        """Where `request` should go, or why it cannot; never changes the pool."""
+    def decide(self, request: Request, *, allow_preemption: bool = True, explain: bool = True) -> Decision:
+        """Where `request` should go, or why it cannot; never changes the pool.
+
+        `explain=False` leaves `reasons` empty on an unschedulable decision: counting every GPU's refusal
+        is O(pool), which a caller that never shows reasons (a simulator's retry loop) can skip."""
         problem = _invalid(request)
         if problem:
             return Decision(ok=False, reasons={problem: len(self.pool.records)})
@@ -77,7 +80,7 @@ class Scheduler:
             best, considered = self._fast(request, weights)
         if best is not None:
             return self._decision(best, request, weights, considered)
-        reasons = self.reasons(request)
+        reasons = self.reasons(request) if explain else {}
         if allow_preemption and request.mode != "spot":
             planned = preemption.plan(self, request, weights)
             if planned is not None:
@@ -87,10 +90,10 @@ class Scheduler:
                 return d
         return Decision(ok=False, reasons=reasons, considered=considered)
 
-    def place(self, request: Request, *, allow_preemption: bool = True) -> Decision:
+    def place(self, request: Request, *, allow_preemption: bool = True, explain: bool = True) -> Decision:
         """Learn the request into the demand mix, decide, and allocate when it fits."""
         self.pool.mix.observe(request)
-        d = self.decide(request, allow_preemption=allow_preemption)
+        d = self.decide(request, allow_preemption=allow_preemption, explain=explain)
         if d.ok:
             self.pool.allocate(d, request)
         return d

@@ -158,3 +158,8 @@ def test_load_raises_the_packing_weight_the_scheduler_uses():
     s.place(Request(memory_gb=70, lease_id="a"))
     s.place(Request(memory_gb=40, lease_id="b"))
     assert s.weights()["packing"] > light
+
+
+def test_explain_false_skips_counting_reasons_but_still_refuses():
+    d = Scheduler(Pool(uniform_nodes(2))).decide(Request(models=frozenset({"l4"})), explain=False)
+    assert not d.ok and d.reasons == {}
