@@ -66,7 +66,7 @@ def statement(*, user, month: str | None, project_id=None) -> dict:
     label, start, end = month_bounds(month)
     usage = UsageRecord.objects.filter(buyer=user, minute__gte=start, minute__lt=end)
     wallet = LedgerEntry.objects.filter(account__user=user, account__kind=Account.Kind.WALLET)
-    month_wallet = wallet.filter(transaction__created_at__gte=start, transaction__created_at__lt=end)
+    month_wallet = wallet.filter(created_at__gte=start, created_at__lt=end)
     if project_id not in (None, ""):
         project = user_project(user=user, project_id=project_id)
         usage = usage.filter(project=project)
@@ -107,7 +107,7 @@ def statement(*, user, month: str | None, project_id=None) -> dict:
                        "usage_amount_usd": cents(grand_usage), "other_charges_amount": str(grand_other),
                        "amount": str(grand_usage + grand_other), "amount_usd": cents(grand_usage + grand_other)}}
     if project_id in (None, ""):
-        opening = _sum(wallet.filter(transaction__created_at__lt=start))
+        opening = _sum(wallet.filter(created_at__lt=start))
         closing = opening + sum(totals.values(), ZERO)
         body["wallet"] = {"opening_balance": str(opening), "closing_balance": str(closing),
                           "opening_balance_usd": cents(opening), "closing_balance_usd": cents(closing),
@@ -149,7 +149,7 @@ def earnings(*, user, month: str | None) -> dict:
                      "fee": str(s["fee"]), "net": str(s["amount"] - s["fee"]), "net_usd": cents(s["amount"] - s["fee"])})
         gross, fee, seconds = gross + s["amount"], fee + s["fee"], seconds + s["seconds"]
     entries = LedgerEntry.objects.filter(account__user=user, account__kind=Account.Kind.EARNINGS)
-    by_kind = _grouped(entries.filter(transaction__created_at__gte=start, transaction__created_at__lt=end),
+    by_kind = _grouped(entries.filter(created_at__gte=start, created_at__lt=end),
                        ["transaction__kind"], ["amount"])
     month_net = sum((v["amount"] for v in by_kind.values()), ZERO)
     balance = Account.objects.filter(user=user, kind=Account.Kind.EARNINGS).values_list("balance", flat=True).first()
