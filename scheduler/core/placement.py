@@ -68,7 +68,6 @@ def single_option(pool: "Pool", node: NodeState, gpu: GpuState, request: Request
     profile, reason = pool.slice_for(gpu, request)
     if reason is not None:
         return None
-    spec = pool.spec(gpu.model)
     free_share = pool.free_share(gpu.model)
     if profile is None:
         if layout is None and not pool.is_free(gpu):
@@ -89,7 +88,6 @@ def single_option(pool: "Pool", node: NodeState, gpu: GpuState, request: Request
     price = slice_price(base_per_gpu_hour=node.price_per_gpu_hour,
                         share=slice_share(geometry=gpu.geometry, profile=profile),
                         mode=request.mode, free_share=free_share)
-    del spec
     return Option(node, [gpu], profile, start, cost, price, pu, idx)
 
 
