@@ -1,5 +1,10 @@
 """/api/v1/: the fleet and market resources, one router."""
+from django.urls import path
 from rest_framework.routers import DefaultRouter
+
+from marketplace.api.catalog import OfferList
+from marketplace.api.market import (BidViewSet, LeaseViewSet, OrderViewSet, ReservationViewSet,
+                                    ResaleListingViewSet, SpotPriceViewSet)
 
 from marketplace.api.money import (EarningsViewSet, LedgerEntryViewSet, PaymentViewSet, ProjectViewSet,
                                    StatementViewSet, TopUpViewSet, UsageRecordViewSet, WalletViewSet)
@@ -18,4 +23,12 @@ router.register("usage", UsageRecordViewSet, basename="usage")
 router.register("statements", StatementViewSet, basename="statement")
 router.register("earnings", EarningsViewSet, basename="earnings")
 
+router.register("spot-prices", SpotPriceViewSet, basename="spot-price")
+router.register("orders", OrderViewSet, basename="order")
+router.register("leases", LeaseViewSet, basename="lease")
+router.register("reservations", ReservationViewSet, basename="reservation")
+router.register("resale-listings", ResaleListingViewSet, basename="resale-listing")
+router.register("bids", BidViewSet, basename="bid")
+
 urlpatterns = router.urls
+urlpatterns += [path("offers/", OfferList.as_view(), name="offer-list")]

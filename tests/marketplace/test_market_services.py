@@ -57,3 +57,250 @@ def test_an_on_demand_order_runs_on_a_mig_slice_is_billed_per_second_and_ends(fl
     usage = UsageRecord.objects.filter(lease_id=lease.pk)
     assert sum(u.seconds for u in usage) == 3600 and sum(u.amount for u in usage) == Decimal("0.514286")
     assert node.provider.money_accounts.get(kind="earnings").balance > 0
+
+
+def test_an_order_that_cannot_be_placed_is_refused_at_once_with_reasons_and_writes_nothing(fleet):
+    fleet.node("l4:1")
+    buyer = UserFactory()
+    top_up(buyer, "10")
+    with pytest.raises(Conflict) as err:
+        orders.order_place(buyer=buyer, spec=OrderSpec(mode="on_demand", memory_gb=40))
+    assert err.value.code == "unavailable" and err.value.details["reasons"]
+    assert not Order.objects.exists() and not Slice.objects.exists()
+
+
+def test_a_queued_order_waits_with_its_reasons_and_is_placed_by_priority_when_capacity_frees(fleet):
+    fleet.node("l4:1")
+    a, b, c = UserFactory(), UserFactory(), UserFactory()
+    for u in (a, b, c):
+        top_up(u, "10")
+    first = running_lease(fleet, a, whole_gpu=True)
+    low = orders.order_place(buyer=b, spec=OrderSpec(mode="on_demand", if_unavailable="queue"))
+    high = orders.order_place(buyer=c, spec=OrderSpec(mode="on_demand", if_unavailable="queue", priority=5))
+    assert low.state == high.state == Order.State.QUEUED
+    assert low.reasons == {"GPU busy": 1} and "GPU busy" in low.explain
+    assert orders.orders_retry() == 0
+    leases.lease_end(lease_id=first.pk, buyer=a)
+    fleet.play()
+    assert orders.orders_retry() == 1
+    low.refresh_from_db(), high.refresh_from_db()
+    assert (high.state, low.state) == (Order.State.PLACED, Order.State.QUEUED)
+
+
+def test_a_failed_provision_frees_the_slice_and_requeues_or_fails_the_order(fleet):
+    fleet.node("a100-80gb:1")
+    buyer = UserFactory()
+    top_up(buyer, "10")
+    order = orders.order_place(buyer=buyer, spec=OrderSpec(mode="on_demand", memory_gb=10))
+    fleet.play(fail_creates=True)
+    lease = Lease.objects.get(order=order)
+    order.refresh_from_db()
+    assert lease.state == Lease.State.FAILED and lease.slice.state == Slice.State.FAILED
+    assert order.state == Order.State.FAILED and "provisioning failed" in order.explain
+    assert wallet(buyer) == Decimal("10") and ledger.ledger_check() == []
+
+
+def test_an_order_without_enough_money_is_refused_with_402_and_nothing_is_claimed(fleet):
+    fleet.node("h100-80gb:1", price="3")
+    buyer = UserFactory()
+    top_up(buyer, "0.01")
+    with pytest.raises(ledger.InsufficientFunds):
+        orders.order_place(buyer=buyer, spec=OrderSpec(mode="on_demand", whole_gpu=True))
+    assert not Slice.objects.exists() and not Order.objects.exists()
+
+
+def test_a_buyer_is_warned_then_stopped_before_the_wallet_goes_negative(fleet, settings):
+    settings.MARKET = {**settings.MARKET, "MIN_PREPAID_SECONDS": 60, "BALANCE_WARN_SECONDS": 600,
+                       "BALANCE_STOP_SECONDS": 30}
+    fleet.node("l4:1", price="3.60")  # on demand 6.48/h = 0.0018/s
+    buyer = UserFactory()
+    top_up(buyer, "1.00")  # about 555 s of running
+    lease = running_lease(fleet, buyer, whole_gpu=True)
+    t0 = lease.billed_until
+    metering.meter_tick(now=t0 + timedelta(seconds=10))
+    lease.refresh_from_db()
+    assert lease.warned_at is not None and lease.state == Lease.State.RUNNING
+    for s in range(20, 560, 5):
+        metering.meter_tick(now=t0 + timedelta(seconds=s))
+        assert wallet(buyer) >= 0
+    lease.refresh_from_db()
+    assert lease.state in (Lease.State.ENDING, Lease.State.ENDED) and lease.end_reason == "insufficient_funds"
+    assert Decimal("0") <= wallet(buyer) < Decimal("0.06") and ledger.ledger_check() == []
+
+
+def test_spot_prices_follow_the_free_share_between_half_and_seventy_percent(fleet):
+    fleet.node("a100-80gb:2")
+    buyer = UserFactory()
+    top_up(buyer, "50")
+    spot.spot_prices_recompute()
+    assert SpotPrice.objects.get(gpu_model="a100-80gb").factor == Decimal("0.5")
+    running_lease(fleet, buyer, whole_gpu=True)
+    spot.spot_prices_recompute()
+    latest = SpotPrice.objects.filter(gpu_model="a100-80gb").order_by("-at", "-pk").first()
+    assert latest.factor == Decimal("0.6") and latest.free_share == 0.5
+
+
+def test_a_spot_lease_is_interrupted_with_notice_when_the_price_passes_its_bid(fleet, settings):
+    node = fleet.node("a100-80gb:2", price="1.00")
+    spotter, other = UserFactory(), UserFactory()
+    top_up(spotter, "50"), top_up(other, "50")
+    spot.spot_prices_recompute()  # factor 0.5: a whole GPU costs 0.9/h on spot
+    lease = running_lease(fleet, spotter, mode="spot", whole_gpu=True, max_price_per_hour=Decimal("0.95"),
+                          webhook_url="http://127.0.0.1:9/hook")
+    assert lease.price_per_hour == Decimal("0.9")
+    running_lease(fleet, other, whole_gpu=True)  # the pool fills: the spot price rises to 0.7 x 1.8 = 1.26
+    now = timezone.now()
+    spot.spot_prices_recompute(now=now)
+    lease.refresh_from_db()
+    intr = Interruption.objects.get(lease=lease)
+    assert lease.state == Lease.State.INTERRUPTING and intr.kind == "price"
+    assert intr.notice_seconds == 120 and intr.credited == 0
+    notice = AgentCommand.objects.get(op="notice", node=node)
+    assert notice.args["instance_uuid"] == lease.slice.instance_uuid and "price" in notice.args["kind"]
+    charged = lease.cost_charged
+    metering.meter_tick(now=now + timedelta(seconds=60))
+    lease.refresh_from_db()
+    assert lease.cost_charged == charged  # billing stopped at the interruption
+    leases.leases_tick(now=now + timedelta(seconds=121))
+    fleet.play()
+    lease.refresh_from_db()
+    assert lease.state == Lease.State.ENDED and lease.ended_at == intr.deadline
+    assert ledger.ledger_check() == []
+
+
+def test_an_on_demand_order_preempts_spot_and_a_short_notice_is_credited(fleet, settings):
+    settings.MARKET = {**settings.MARKET, "PREEMPT_NOTICE_SECONDS": 10}
+    fleet.node("l4:1", price="1.00")
+    spotter, buyer = UserFactory(), UserFactory()
+    top_up(spotter, "5"), top_up(buyer, "5")
+    lease = running_lease(fleet, spotter, mode="spot", max_price_per_hour=Decimal("1.5"))
+    order = orders.order_place(buyer=buyer, spec=OrderSpec(mode="on_demand", if_unavailable="queue"))
+    assert order.state == Order.State.QUEUED and "spot" in order.explain
+    intr = Interruption.objects.get(lease=lease)
+    assert intr.kind == "preempted" and intr.notice_seconds == 10 and intr.credited == Decimal("0.90")
+    assert wallet(spotter) > Decimal("5")  # credited more than the few seconds it was billed
+    leases.leases_tick(now=timezone.now() + timedelta(seconds=11))
+    fleet.play()
+    assert orders.orders_retry() == 1
+    order.refresh_from_db()
+    assert order.state == Order.State.PLACED and ledger.ledger_check() == []
+
+
+def test_a_reservation_is_paid_when_booked_started_and_ended_by_the_beat(fleet):
+    fleet.node("a100-80gb:1", price="2.00")
+    buyer = UserFactory()
+    top_up(buyer, "100")
+    now = timezone.now()
+    start, end = now + timedelta(hours=2), now + timedelta(hours=4)
+    order = orders.order_place(buyer=buyer, spec=OrderSpec(mode="reserved", memory_gb=40, window_start=start,
+                                                           window_end=end))
+    r = Reservation.objects.get(order=order)
+    # 3g.40gb: share max(3/7, 4/8) = 1/2; booked 2 h ahead: 0.85 x 2.00 x 1/2 = 0.85/h, 2 h = 1.70
+    assert (r.profile, r.price_per_hour, r.price_total) == ("3g.40gb", Decimal("0.85"), Decimal("1.70"))
+    assert wallet(buyer) == Decimal("98.30")
+    leases.leases_tick(now=start + timedelta(seconds=1))
+    fleet.play()
+    lease = Lease.objects.get(reservation=r)
+    assert lease.state == Lease.State.RUNNING and not lease.metered
+    leases.leases_tick(now=end + timedelta(seconds=1))
+    fleet.play()
+    lease.refresh_from_db(), r.refresh_from_db()
+    assert lease.state == Lease.State.ENDED and r.state == Reservation.State.DONE
+    assert wallet(buyer) == Decimal("98.30") and ledger.ledger_check() == []
+
+
+def test_reservations_never_overlap_on_a_slice_and_on_demand_does_not_take_reserved_slots(fleet):
+    fleet.node("l4:1")
+    a, b = UserFactory(), UserFactory()
+    top_up(a, "100"), top_up(b, "100")
+    now = timezone.now()
+    spec = OrderSpec(mode="reserved", window_start=now + timedelta(hours=2), window_end=now + timedelta(hours=3))
+    orders.order_place(buyer=a, spec=spec)
+    with pytest.raises(Conflict):
+        orders.order_place(buyer=b, spec=spec)
+    with pytest.raises(Conflict):  # no duration: it could still run when the reservation starts
+        orders.order_place(buyer=b, spec=OrderSpec(mode="on_demand"))
+    short = orders.order_place(buyer=b, spec=OrderSpec(mode="on_demand", duration_seconds=3600))
+    assert short.state == Order.State.PLACED
+    assert Reservation.objects.count() == 1
+
+
+def test_a_spot_lease_on_reserved_slots_gets_its_notice_before_the_window_starts(fleet):
+    fleet.node("l4:1", price="1.00")
+    holder, spotter = UserFactory(), UserFactory()
+    top_up(holder, "100"), top_up(spotter, "100")
+    now = timezone.now()
+    start = now + timedelta(minutes=30)
+    orders.order_place(buyer=holder, spec=OrderSpec(mode="reserved", window_start=start,
+                                                    window_end=start + timedelta(hours=1)))
+    lease = running_lease(fleet, spotter, mode="spot", max_price_per_hour=Decimal("1.5"))
+    leases.leases_tick(now=start - timedelta(minutes=10))
+    assert not Interruption.objects.exists()
+    leases.leases_tick(now=start - timedelta(seconds=130))
+    intr = Interruption.objects.get(lease=lease)
+    assert intr.kind == "reservation" and intr.notice_seconds >= 120 and intr.credited == 0
+    leases.leases_tick(now=intr.deadline + timedelta(seconds=1))
+    fleet.play()
+    leases.leases_tick(now=start + timedelta(seconds=1))
+    fleet.play()
+    assert Lease.objects.get(reservation__holder=holder).state == Lease.State.RUNNING
+
+
+def test_a_resold_window_moves_to_the_buyer_and_the_seller_gets_the_ask_less_the_fee(fleet, settings):
+    settings.PLATFORM_FEE_RATE = Decimal("0.10")
+    fleet.node("l4:1", price="1.00")
+    seller, buyer = UserFactory(), UserFactory()
+    top_up(seller, "100"), top_up(buyer, "100")
+    now = timezone.now()
+    start = now + timedelta(hours=2)
+    orders.order_place(buyer=seller, spec=OrderSpec(mode="reserved", window_start=start,
+                                                    window_end=start + timedelta(hours=3)))
+    r = Reservation.objects.get(holder=seller)
+    with pytest.raises(DomainError, match="at most"):
+        resale.listing_create(seller=seller, reservation_id=r.pk, starts_at=start + timedelta(hours=1),
+                              ends_at=start + timedelta(hours=2), ask_per_hour=Decimal("1.63"))
+    listing = resale.listing_create(seller=seller, reservation_id=r.pk, starts_at=start + timedelta(hours=1),
+                                    ends_at=start + timedelta(hours=2), ask_per_hour=Decimal("1.50"))
+    before = wallet(seller)
+    bought = orders.order_place(buyer=buyer, spec=OrderSpec(mode="resale", listing_id=listing.pk))
+    assert bought.state == Order.State.PLACED and bought.total_price == Decimal("1.50")
+    assert wallet(seller) - before == Decimal("1.35") and wallet(buyer) == Decimal("98.50")
+    pieces = Reservation.objects.filter(parent=r).order_by("starts_at")
+    assert [(p.holder_id, p.starts_at - start) for p in pieces] == [
+        (seller.pk, timedelta(0)), (buyer.pk, timedelta(hours=1)), (seller.pk, timedelta(hours=2))]
+    r.refresh_from_db()
+    assert r.state == Reservation.State.SPLIT
+    with pytest.raises(Conflict):
+        resale.listing_purchase(buyer=UserFactory(), listing_id=listing.pk)
+    assert ResaleListing.objects.get(pk=listing.pk).state == ResaleListing.State.SOLD
+    assert ledger.ledger_check() == []
+
+
+@pytest.mark.parametrize("spec, field", [
+    (dict(mode="on_demand", duration_seconds=0), "duration_seconds"),
+    (dict(mode="on_demand", duration_seconds=-5), "duration_seconds"),
+    (dict(mode="on_demand", gpu_models=["b300"]), "gpu_models"),
+    (dict(mode="spot"), "max_price_per_hour"),
+    (dict(mode="reserved"), "window_start"),
+    (dict(mode="reserved", window_start=timezone.now() - timedelta(hours=1),
+          window_end=timezone.now() + timedelta(hours=1)), "window_start"),
+    (dict(mode="reserved", window_start=timezone.now() + timedelta(hours=2),
+          window_end=timezone.now() + timedelta(hours=1)), "window_end"),
+    (dict(mode="bogus"), "mode"),
+])
+def test_bad_orders_are_refused_by_field_and_write_nothing(fleet, spec, field):
+    fleet.node("l4:1")
+    buyer = UserFactory()
+    top_up(buyer, "10")
+    with pytest.raises(DomainError) as err:
+        orders.order_place(buyer=buyer, spec=OrderSpec(**spec))
+    assert err.value.field == field and not Order.objects.exists()
+
+
+def test_a_spot_bid_above_the_on_demand_price_is_refused(fleet):
+    fleet.node("l4:1", price="1.00")
+    buyer = UserFactory()
+    top_up(buyer, "10")
+    with pytest.raises(DomainError, match="on-demand price") as err:
+        orders.order_place(buyer=buyer, spec=OrderSpec(mode="spot", max_price_per_hour=Decimal("1.81")))
+    assert err.value.field == "max_price_per_hour" and not Order.objects.exists()

@@ -1,0 +1,271 @@
+"""REST API of the market: catalog offers, spot price series, orders, leases, reservations, resale listings,
+bids. Thin: parse, call one service or selector, shape. A buyer's querysets hold only its own rows, so
+someone else's id is a 404. Writes take JSON only (anything else is a 415)."""
+from __future__ import annotations
+
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.parsers import JSONParser
+from rest_framework.permissions import AllowAny
+from rest_framework.response import Response
+
+from marketplace.models import Lease, Mode, Order, Reservation, ResaleListing, SpotBid, SpotPrice
+from marketplace.selectors import market as selectors
+from marketplace.services import leases as lease_services
+from marketplace.services import orders as order_services
+from marketplace.services import resale as resale_services
+from marketplace.services.orders import OrderSpec
+
+VERSION = r"^\d{1,3}(\.\d{1,3}){0,2}$"
+
+
+class OrderCreateSerializer(serializers.Serializer):
+    mode = serializers.ChoiceField(choices=Mode.choices)
+    gpu_models = serializers.ListField(child=serializers.CharField(max_length=40), required=False, max_length=20)
+    memory_gb = serializers.FloatField(min_value=0, max_value=1000, required=False, default=0)
+    compute_slices = serializers.IntegerField(min_value=1, max_value=8, required=False, default=1)
+    whole_gpu = serializers.BooleanField(required=False, default=False)
+    min_cuda = serializers.RegexField(VERSION, required=False, default="")
+    min_compute_capability = serializers.RegexField(VERSION, required=False, default="")
+    regions = serializers.ListField(child=serializers.CharField(max_length=40), required=False, max_length=20)
+    buyer_region = serializers.CharField(max_length=40, required=False, default="")
+    duration_seconds = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    window_start = serializers.DateTimeField(required=False, allow_null=True)
+    window_end = serializers.DateTimeField(required=False, allow_null=True)
+    max_price_per_hour = serializers.DecimalField(max_digits=12, decimal_places=6, min_value=0, required=False,
+                                                  allow_null=True)
+    priority = serializers.IntegerField(min_value=-100, max_value=100, required=False, default=0)
+    if_unavailable = serializers.ChoiceField(choices=Order.IfUnavailable.choices, required=False, default="fail")
+    webhook_url = serializers.URLField(max_length=300, required=False, default="", allow_blank=True)
+    listing = serializers.UUIDField(required=False, allow_null=True)
+
+    def spec(self) -> OrderSpec:
+        d = dict(self.validated_data)
+        d["listing_id"] = d.pop("listing", None)
+        return OrderSpec(**d)
+
+
+class OrderSerializer(serializers.ModelSerializer):
+    leases = serializers.SerializerMethodField()
+    reservations = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Order
+        fields = ["id", "mode", "state", "if_unavailable", "gpu_models", "memory_gb", "compute_slices", "whole_gpu",
+                  "min_cuda", "min_compute_capability", "regions", "duration_seconds", "window_start", "window_end",
+                  "max_price_per_hour", "priority", "webhook_url", "listing", "price_per_hour", "total_price",
+                  "reasons", "explain", "attempts", "created_at", "placed_at", "leases", "reservations"]
+        read_only_fields = fields
+
+    def get_leases(self, o: Order) -> list[str]:
+        return [str(lease.pk) for lease in o.leases.all()]
+
+    def get_reservations(self, o: Order) -> list[str]:
+        return [str(r.pk) for r in o.reservations.all()]
+
+
+class LeaseSerializer(serializers.ModelSerializer):
+    gpu_model = serializers.CharField(source="slice.gpu.gpu_model.key", default=None)
+    profile = serializers.SerializerMethodField()
+    region = serializers.CharField(source="slice.gpu.node.region")
+    connection = serializers.SerializerMethodField()
+    interruption = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Lease
+        fields = ["id", "order", "reservation", "mode", "state", "gpu_model", "profile", "region", "price_per_hour",
+                  "bid_per_hour", "started_at", "ends_at", "ended_at", "end_reason", "billed_until", "cost_charged",
+                  "connection", "interruption", "created_at"]
+        read_only_fields = fields
+
+    def get_profile(self, lease: Lease) -> str:
+        return lease.slice.profile or "whole"
+
+    def get_connection(self, lease: Lease) -> dict | None:
+        return lease_services.connection_facts(lease)
+
+    def get_interruption(self, lease: Lease) -> dict | None:
+        i = getattr(lease, "interruption", None)
+        if i is None:
+            return None
+        return {"kind": i.kind, "announced_at": i.announced_at, "deadline": i.deadline,
+                "notice_seconds": i.notice_seconds, "credited": str(i.credited)}
+
+
+class ReservationSerializer(serializers.ModelSerializer):
+    gpu_model = serializers.CharField(source="gpu.gpu_model.key", default=None)
+    gpu = serializers.CharField(source="gpu.uuid")
+    region = serializers.CharField(source="gpu.node.region")
+
+    class Meta:
+        model = Reservation
+        fields = ["id", "order", "parent", "gpu", "gpu_model", "region", "profile", "slot_start", "slot_end",
+                  "starts_at", "ends_at", "price_per_hour", "price_total", "state", "created_at"]
+        read_only_fields = fields
+
+
+class ListingCreateSerializer(serializers.Serializer):
+    starts_at = serializers.DateTimeField()
+    ends_at = serializers.DateTimeField()
+    ask_per_hour = serializers.DecimalField(max_digits=12, decimal_places=6, min_value=0)
+
+
+class ListingSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = ResaleListing
+        fields = ["id", "gpu_model", "profile", "region", "starts_at", "ends_at", "ask_per_hour", "price_total",
+                  "state", "created_at", "sold_at"]
+        read_only_fields = fields
+
+
+class BidSerializer(serializers.ModelSerializer):
+    order = OrderSerializer(read_only=True)
+
+    class Meta:
+        model = SpotBid
+        fields = ["id", "max_price_per_hour", "state", "order", "created_at"]
+        read_only_fields = fields
+
+
+class SpotPriceSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = SpotPrice
+        fields = ["gpu_model", "at", "factor", "free_share", "price_per_gpu_hour"]
+        read_only_fields = fields
+
+
+class JsonWrites:
+    parser_classes = [JSONParser]
+
+
+class OrderViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """The caller's orders. POST places one (mode on_demand / reserved / spot / resale); cancel ends it."""
+
+    serializer_class = OrderSerializer
+
+    def get_queryset(self):
+        qs = selectors.order_list(user=self.request.user)
+        for param in ("state", "mode"):
+            if self.request.query_params.get(param):
+                qs = qs.filter(**{param: self.request.query_params[param]})
+        return qs
+
+    def create(self, request):
+        data = OrderCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        order = order_services.order_place(buyer=request.user, spec=data.spec())
+        body = OrderSerializer(self.get_queryset().get(pk=order.pk)).data
+        return Response(body, status=status.HTTP_201_CREATED if order.state == Order.State.PLACED
+                        else status.HTTP_202_ACCEPTED)
+
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        order = order_services.order_cancel(buyer=request.user, order_id=self.get_object().pk)
+        return Response(OrderSerializer(self.get_queryset().get(pk=order.pk)).data)
+
+
+class LeaseViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """The caller's leases with their connection facts once running. POST end/ stops one."""
+
+    serializer_class = LeaseSerializer
+
+    def get_queryset(self):
+        qs = selectors.lease_list(user=self.request.user)
+        for param in ("state", "mode"):
+            if self.request.query_params.get(param):
+                qs = qs.filter(**{param: self.request.query_params[param]})
+        return qs
+
+    @action(detail=True, methods=["post"])
+    def end(self, request, pk=None):
+        lease = lease_services.lease_end(lease_id=self.get_object().pk, buyer=request.user)
+        return Response(LeaseSerializer(self.get_queryset().get(pk=lease.pk)).data)
+
+
+class ReservationViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """The caller's reservations. POST list-for-resale/ offers a future part of one."""
+
+    serializer_class = ReservationSerializer
+
+    def get_queryset(self):
+        return selectors.reservation_list(user=self.request.user)
+
+    @action(detail=True, methods=["post"], url_path="list-for-resale")
+    def list_for_resale(self, request, pk=None):
+        data = ListingCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        listing = resale_services.listing_create(seller=request.user, reservation_id=self.get_object().pk,
+                                                 **data.validated_data)
+        return Response(ListingSerializer(listing).data, status=status.HTTP_201_CREATED)
+
+
+class ResaleListingViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Open resale listings (public), filtered by gpu_model, region, profile, max_ask, starts_after.
+    POST buy/ purchases one; POST withdraw/ takes one's own listing back."""
+
+    serializer_class = ListingSerializer
+
+    def get_permissions(self):
+        return [AllowAny()] if self.action in ("list", "retrieve") else super().get_permissions()
+
+    def get_queryset(self):
+        p = self.request.query_params
+        max_ask = DecimalParam().to_internal_value(p["max_ask"]) if p.get("max_ask") else None
+        after = serializers.DateTimeField().to_internal_value(p["starts_after"]) if p.get("starts_after") else None
+        return selectors.listing_list(gpu_model=p.get("gpu_model"), region=p.get("region"),
+                                      profile=p.get("profile"), max_ask=max_ask, starts_after=after,
+                                      include_closed=self.action != "list")
+
+    @action(detail=True, methods=["post"])
+    def buy(self, request, pk=None):
+        purchase = resale_services.listing_purchase(buyer=request.user, listing_id=self.get_object().pk)
+        return Response({"listing": ListingSerializer(purchase.listing).data,
+                         "order": str(purchase.order.pk),
+                         "reservation": ReservationSerializer(purchase.reservation).data},
+                        status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["post"])
+    def withdraw(self, request, pk=None):
+        listing = resale_services.listing_cancel(seller=request.user, listing_id=self.get_object().pk)
+        return Response(ListingSerializer(listing).data)
+
+
+class DecimalParam(serializers.DecimalField):
+    def __init__(self):
+        super().__init__(max_digits=12, decimal_places=6, min_value=0)
+
+
+class BidViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """The caller's spot bids. POST places a spot order (the order's fields; max_price_per_hour is the bid)."""
+
+    serializer_class = BidSerializer
+
+    def get_queryset(self):
+        return selectors.bid_list(user=self.request.user)
+
+    def create(self, request):
+        body = dict(request.data) if isinstance(request.data, dict) else None
+        if body is None:
+            raise serializers.ValidationError({"non_field_errors": ["send a JSON object"]})
+        body["mode"] = Mode.SPOT
+        data = OrderCreateSerializer(data=body)
+        data.is_valid(raise_exception=True)
+        order = order_services.order_place(buyer=request.user, spec=data.spec())
+        return Response(BidSerializer(self.get_queryset().get(order=order)).data, status=status.HTTP_201_CREATED)
+
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        order_services.order_cancel(buyer=request.user, order_id=self.get_object().order_id)
+        return Response(BidSerializer(self.get_queryset().get(pk=pk)).data)
+
+
+class SpotPriceViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
+    """Spot price history, newest first: ?gpu_model=h100-80gb&since=ISO-8601."""
+
+    serializer_class = SpotPriceSerializer
+    permission_classes = [AllowAny]
+
+    def get_queryset(self):
+        p = self.request.query_params
+        since = serializers.DateTimeField().to_internal_value(p["since"]) if p.get("since") else None
+        return selectors.spot_price_series(gpu_model=p.get("gpu_model"), since=since)

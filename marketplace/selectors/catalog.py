@@ -1,0 +1,208 @@
+"""The catalog: offers (units) = GPU model × slice profile (or whole GPU) × region, aggregated from online
+nodes' schedulable GPUs with the geometry their agents reported. Each offer carries how many could be placed
+now, performance units, the price of each mode (DESIGN §5), $ per PU-hour, reliability and its spot
+interruption history. Node-level filters (CUDA, region, reliability) apply before aggregation, so an offer's
+availability and prices count only the nodes that pass them. A handful of queries whatever the fleet size.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.utils import timezone
+
+from marketplace.models import Interruption, ResaleListing
+from marketplace.services import capacity
+from marketplace.services.spot import spot_factor_for
+from scheduler.core import mig as core_mig
+from scheduler.core import perf
+from scheduler.core.filters import version_tuple
+from scheduler.core.gpus import GPU_MODELS
+from scheduler.services import allocation
+
+WHOLE = "whole"
+SORTS = {"price", "pu_per_dollar", "reliability", "availability", "memory_gb", "pu"}
+
+
+@dataclass
+class Filters:
+    gpu_model: str | None = None
+    min_memory_gb: float | None = None
+    min_cuda: str | None = None
+    min_compute_capability: str | None = None
+    region: str | None = None
+    max_price: Decimal | None = None
+    min_reliability: float | None = None
+    mode: str = "on_demand"
+    min_pu_per_dollar: float | None = None
+    available_only: bool = False
+    ordering: str = "price"
+
+
+@dataclass
+class Offer:
+    gpu_model: str
+    profile: str
+    region: str
+    memory_gb: float
+    compute_capability: str
+    pu: float
+    availability: int = 0
+    gpus: int = 0
+    cuda_version: str = ""
+    reliability: float = 0.0
+    prices: dict = field(default_factory=dict)  # mode -> Decimal per hour (the cheapest node)
+    interruptions: dict = field(default_factory=dict)
+    _rel: list = field(default_factory=list, repr=False)
+
+    @property
+    def key(self) -> str:
+        return f"{self.gpu_model}:{self.profile}:{self.region}"
+
+    def price(self, mode: str) -> Decimal | None:
+        return self.prices.get(mode)
+
+    def pu_per_dollar(self, mode: str = "on_demand") -> float | None:
+        p = self.price(mode)
+        return round(self.pu / float(p), 4) if p else None
+
+    def usd_per_pu_hour(self, mode: str = "on_demand") -> Decimal | None:
+        p = self.price(mode)
+        return capacity.micro(p / Decimal(str(self.pu))) if p is not None and self.pu else None
+
+
+def _free_count(geometry: core_mig.MigGeometry, layout: tuple, profile: str) -> int:
+    """How many more instances of `profile` fit on a GPU with `layout` (first legal start each time)."""
+    insts = [core_mig.Instance(p, s) for p, s in layout]
+    n = 0
+    while True:
+        starts = core_mig.legal_starts(geometry, insts, profile)
+        if not starts:
+            return n
+        insts.append(core_mig.Instance(profile, starts[0]))
+        n += 1
+
+
+def offer_list(*, filters: Filters, now: datetime | None = None) -> list[Offer]:
+    """The offers passing `filters`, sorted by `filters.ordering` ("price", "-availability", ...)."""
+    now = now or timezone.now()
+    snap = allocation.pool_snapshot(
+        models=[filters.gpu_model] if filters.gpu_model else None, classify=capacity.lease_classifier(),
+        holds=capacity.reservation_holds(start=now, end=now + timedelta(seconds=1)))
+    offers: dict[tuple, Offer] = {}
+    counts: dict[tuple, int] = {}
+    for rec in snap.pool.records:
+        node, gpu = snap.nodes[rec.node.id], rec.gpu
+        if gpu.health == "cordoned" or not _node_passes(filters, node, rec.node.cuda_version):
+            continue
+        spec = GPU_MODELS[gpu.model]
+        if filters.min_compute_capability and version_tuple(spec.compute_capability) < version_tuple(
+                filters.min_compute_capability):
+            continue
+        units = ([(p.name, p) for p in gpu.geometry.profiles] if gpu.geometry else [(WHOLE, None)])
+        for name, prof in units:
+            memory = prof.memory_gb if prof else spec.memory_gb
+            if filters.min_memory_gb and memory + 1e-9 < filters.min_memory_gb:
+                continue
+            key = (gpu.model, name, node.region)
+            if prof is not None:
+                ck = (gpu.model, name, tuple(sorted((i.profile, i.start) for i in gpu.instances if i.profile)))
+                free = counts[ck] if ck in counts else counts.setdefault(ck, _free_count(
+                    gpu.geometry, ck[2], name))
+                if any(i.profile is None for i in gpu.instances):
+                    free = 0
+            else:
+                free = 0 if gpu.instances else 1
+            o = offers.get(key)
+            if o is None:
+                pu = perf.profile_pu(spec, prof) if prof else perf.gpu_pu(spec)
+                o = offers[key] = Offer(gpu_model=gpu.model, profile=name, region=node.region, memory_gb=memory,
+                                        compute_capability=spec.compute_capability, pu=pu)
+            o.availability += free
+            o.gpus += 1
+            o._rel.append(node.reliability)
+            o.cuda_version = max(o.cuda_version, node.cuda_version or "", key=lambda v: version_tuple(v or "0"))
+            _price_node(o, node=node, geometry=gpu.geometry, profile=prof.name if prof else None,
+                        available=free > 0)
+    out = list(offers.values())
+    _decorate(out, now)
+    out = [o for o in out if _offer_passes(filters, o)]
+    return _sorted(out, filters)
+
+
+def _node_passes(f: Filters, node, cuda: str) -> bool:
+    if f.region and node.region != f.region:
+        return False
+    if f.min_reliability is not None and node.reliability + 1e-9 < f.min_reliability:
+        return False
+    if f.min_cuda and version_tuple(cuda or "0") < version_tuple(f.min_cuda):
+        return False
+    return True
+
+
+def _price_node(o: Offer, *, node, geometry, profile, available: bool) -> None:
+    """Keep the cheapest node's prices, preferring nodes with capacity free now."""
+    od = capacity.on_demand_price(node=node, geometry=geometry, profile=profile)
+    best = o.prices.get("_od")
+    better = (best is None or (available and not o.prices.get("_avail")) or
+              (available == bool(o.prices.get("_avail")) and od < best))
+    if not better:
+        return
+    share = capacity.share_of(geometry, profile)
+    o.prices.update({"_od": od, "_avail": available, "on_demand": od,
+                     "reserved": capacity.micro(node.price_per_gpu_hour * share * Decimal("0.85")),
+                     "reserved_short_notice": capacity.micro(node.price_per_gpu_hour * share)})
+
+
+def _decorate(offers: list[Offer], now: datetime) -> None:
+    """Spot and resale prices, reliability and interruption history (one query each)."""
+    factors: dict[str, Decimal] = {}
+    asks: dict[tuple, Decimal] = {}
+    for m, p, r, ask in ResaleListing.objects.filter(state=ResaleListing.State.OPEN, starts_at__gte=now).values_list(
+            "gpu_model", "profile", "region", "ask_per_hour"):
+        k = (m, p, r)
+        asks[k] = min(asks.get(k, ask), ask)
+    history: dict[tuple, list] = defaultdict(list)
+    for m, p, r, kind, at, notice in Interruption.objects.filter(announced_at__gte=now - timedelta(days=30)).values_list(
+            "gpu_model", "profile", "region", "kind", "announced_at", "notice_seconds").order_by("-announced_at"):
+        history[(m, p, r)].append((kind, at, notice))
+    for o in offers:
+        o.prices.pop("_od", None), o.prices.pop("_avail", None)
+        if o.gpu_model not in factors:
+            factors[o.gpu_model] = spot_factor_for(model=o.gpu_model)
+        o.prices["spot"] = capacity.micro(o.prices["on_demand"] * factors[o.gpu_model])
+        if (o.gpu_model, o.profile, o.region) in asks:
+            o.prices["resale"] = asks[(o.gpu_model, o.profile, o.region)]
+        o.reliability = round(sum(o._rel) / len(o._rel), 4) if o._rel else 0.0
+        events = history.get((o.gpu_model, o.profile, o.region), [])
+        o.interruptions = {"last_30_days": len(events),
+                           "recent": [{"kind": k, "at": at.isoformat(), "notice_seconds": n} for k, at, n in events[:5]]}
+
+
+def _offer_passes(f: Filters, o: Offer) -> bool:
+    price = o.price(f.mode)
+    if price is None:
+        return False  # e.g. no resale listing for this unit
+    if f.max_price is not None and price > f.max_price:
+        return False
+    if f.min_pu_per_dollar is not None and (o.pu_per_dollar(f.mode) or 0) < f.min_pu_per_dollar:
+        return False
+    if f.available_only and (o.availability <= 0 and f.mode != "resale"):
+        return False
+    return True
+
+
+def _sorted(offers: list[Offer], f: Filters) -> list[Offer]:
+    desc = f.ordering.startswith("-")
+    name = f.ordering.lstrip("-")
+    keys = {
+        "price": lambda o: o.price(f.mode) or Decimal("0"),
+        "pu_per_dollar": lambda o: o.pu_per_dollar(f.mode) or 0.0,
+        "reliability": lambda o: o.reliability,
+        "availability": lambda o: o.availability,
+        "memory_gb": lambda o: o.memory_gb,
+        "pu": lambda o: o.pu,
+    }
+    return sorted(offers, key=lambda o: (keys[name](o), o.key), reverse=desc)
