@@ -15,6 +15,7 @@ switched off to keep each failed decision to the reasons scan.
 """
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 from scheduler.core.model import Decision, NodeState, Request
@@ -32,20 +33,25 @@ _BASELINE_NAMES: dict[str, str] = {
 
 
 class NoPreemption:
-    """Calls `decide(request, allow_preemption=False)` where the policy supports it."""
+    """Calls `decide(request, allow_preemption=False)`, and `explain=False` where the policy supports it:
+    the live pool never needs the O(pool) reason count, only the empty-pool probe does."""
 
     def __init__(self, policy: Any) -> None:
         self.policy = policy
         try:
-            import inspect
-            self._kw = "allow_preemption" in inspect.signature(policy.decide).parameters
+            params = inspect.signature(policy.decide).parameters
         except (TypeError, ValueError):
-            self._kw = False
+            params = {}  # type: ignore[assignment]
+        self._preempt_kw = "allow_preemption" in params
+        self._explain_kw = "explain" in params
 
-    def decide(self, request: Request) -> Decision:
-        if self._kw:
-            return self.policy.decide(request, allow_preemption=False)
-        return self.policy.decide(request)
+    def decide(self, request: Request, *, explain: bool = True) -> Decision:
+        kw: dict[str, bool] = {}
+        if self._preempt_kw:
+            kw["allow_preemption"] = False
+        if self._explain_kw and not explain:
+            kw["explain"] = False
+        return self.policy.decide(request, **kw)
 
 
 def _baseline(name: str, seed: int) -> Callable[[Any], Any]:

@@ -20,6 +20,7 @@ from scheduler.core.model import Decision, NodeState, Placement, Request
 
 from .frag import FragMeter
 from .mapping import Demand
+from .policies import NoPreemption
 from .metrics import Levels, TimeAverages, percentile
 from .queue import JobQueue, Queued
 from .trace import Pod
@@ -91,6 +92,8 @@ class Replay:
         # A second pool that stays empty: a shape that fails there can never run, so it is counted as
         # unschedulable at arrival instead of waiting in the queue for ever.
         self.empty_pool, self.empty_policy = factory(empty_nodes)
+        # Failure reasons are only read from the empty-pool probe; policies.NoPreemption can skip them live.
+        self._quiet: dict[str, bool] = {"explain": False} if isinstance(self.policy, NoPreemption) else {}
         self.eligible_nodes: dict[tuple, list[str]] = {}
         # The engine's Pool owns deep copies of the nodes: read GPU state through it, never through `nodes`.
         self.gpus = {g.uuid: self.pool.gpu(g.uuid) for n in nodes for g in n.gpus}
@@ -112,7 +115,7 @@ class Replay:
 
     def _decide(self, job: Job) -> Decision:
         t0 = time.perf_counter()
-        decision = self.policy.decide(request_for(job))
+        decision = self.policy.decide(request_for(job), **self._quiet)
         self.result.decide_seconds += time.perf_counter() - t0
         self.result.decide_calls += 1
         return decision
