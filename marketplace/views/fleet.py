@@ -1,16 +1,20 @@
-"""Console pages. Thin: parse input, call a selector or service, render."""
+"""Provider pages: nodes, a node's GPUs and live charts, registration, cordon/uncordon and drain."""
 from __future__ import annotations
 
+from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
 
 from scheduler import selectors as fleet_selectors
 from scheduler.errors import DomainError
 from scheduler.models import Node
+from scheduler.services import health as health_services
 from scheduler.services import nodes as node_services
 
-from .forms import NodeRegisterForm
+from ..forms import NodeRegisterForm
+from .common import add_domain_error, is_htmx, mark_invalid
 
 
 @login_required
@@ -53,20 +57,56 @@ def node_gpus_fragment(request, node_id):
 
 
 @login_required
+@require_POST
+def gpu_health(request, node_id, gpu_id):
+    """Cordon or uncordon one of the provider's GPUs (a plain POST; htmx swaps the GPU table)."""
+    node = _node_or_404(request, node_id)
+    gpu = next((g for g in fleet_selectors.node_gpus(node=node) if g.pk == gpu_id), None)
+    if gpu is None:
+        raise Http404("no such GPU on this node")
+    action = request.POST.get("action")
+    if action == "cordon":
+        reason = (request.POST.get("reason") or "").strip()[:150] or "cordoned by its provider"
+        health_services.gpu_cordon(gpu_id=gpu.pk, reason=reason, by=request.user.get_username())
+        messages.success(request, f"gpu{gpu.index} is cordoned: no new work is placed on it.")
+    elif action == "uncordon":
+        health_services.gpu_uncordon(gpu_id=gpu.pk, by=request.user.get_username())
+        messages.success(request, f"gpu{gpu.index} is back in service.")
+    else:
+        messages.error(request, "Choose cordon or uncordon.")
+    if is_htmx(request):
+        node.refresh_from_db()
+        return render(request, "console/_node_gpus.html", {"node": node, "gpus": _gpu_rows(node)})
+    return redirect("console:node", node_id=node.pk)
+
+
+@login_required
+@require_POST
+def node_drain(request, node_id):
+    """Drain (no new work; running leases stay) or undrain the provider's node."""
+    node = _node_or_404(request, node_id)
+    if request.POST.get("action") == "undrain":
+        node_services.node_undrain(node=node)
+        messages.success(request, f"{node.name} takes new work again.")
+    else:
+        node_services.node_drain(node=node)
+        messages.success(request, f"{node.name} is draining: running leases stay until they end, no new work.")
+    return redirect("console:node", node_id=node.pk)
+
+
+@login_required
 def node_register(request):
     form = NodeRegisterForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:
             node, token = node_services.node_register(provider=request.user, **form.cleaned_data)
         except DomainError as exc:
-            form.add_error(exc.field if exc.field in form.fields else None, exc.message)
+            add_domain_error(form, exc)
         else:
             from scheduler.api import agent_command_line
 
             return render(request, "console/node_register.html", {
                 "node": node, "token": token, "command": agent_command_line(request, token), "nav": "register"})
-    for name, field in form.fields.items():
-        if form.errors.get(name):
-            field.widget.attrs.update({"aria-invalid": "true", "aria-describedby": f"id_{name}-error"})
+    mark_invalid(form)
     return render(request, "console/node_register.html", {"form": form, "nav": "register"},
                   status=400 if form.errors else 200)

@@ -1,0 +1,87 @@
+"""Account pages: API keys (created, shown once, revoked) and projects."""
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_POST
+
+from marketplace.models import ApiKey, Project
+from marketplace.services import apikeys, projects
+from scheduler.errors import DomainError
+
+from ..forms import ApiKeyForm, ProjectForm
+from .common import add_domain_error, mark_invalid
+
+
+def _page(request, *, key_form=None, project_form=None, secret=None, new_key=None, status=200):
+    return render(request, "console/account.html", {
+        "keys": ApiKey.objects.filter(user=request.user).order_by("-created_at"),
+        "projects": Project.objects.filter(user=request.user).order_by("name"),
+        "key_form": key_form or ApiKeyForm(), "project_form": project_form or ProjectForm(prefix="project"),
+        "secret": secret, "new_key": new_key, "nav": "account"}, status=status)
+
+
+@login_required
+def account(request):
+    return _page(request)
+
+
+@login_required
+@require_POST
+def api_key_create(request):
+    form = ApiKeyForm(request.POST)
+    if form.is_valid():
+        try:
+            key, secret = apikeys.api_key_create(user=request.user, name=form.cleaned_data["name"])
+        except DomainError as exc:
+            add_domain_error(form, exc)
+        else:
+            # The secret is in this response only: never stored, never in a redirect or a message.
+            return _page(request, secret=secret, new_key=key)
+    mark_invalid(form)
+    return _page(request, key_form=form, status=400)
+
+
+@login_required
+@require_POST
+def api_key_revoke(request, key_id):
+    try:
+        key = apikeys.api_key_revoke(user=request.user, key_id=key_id)
+    except ApiKey.DoesNotExist:
+        messages.error(request, "No such API key among yours.")
+    else:
+        messages.success(request, f"API key “{key.name}” is revoked: requests with it are refused from now on.")
+    return redirect("console:account")
+
+
+@login_required
+@require_POST
+def project_create(request):
+    form = ProjectForm(request.POST, prefix="project")
+    if form.is_valid():
+        try:
+            project = projects.project_create(user=request.user, **form.cleaned_data)
+        except DomainError as exc:
+            add_domain_error(form, exc)
+        else:
+            messages.success(request, f"Project “{project.name}” created.")
+            return redirect("console:account")
+    mark_invalid(form)
+    return _page(request, project_form=form, status=400)
+
+
+@login_required
+@require_POST
+def project_delete(request, project_id):
+    project = Project.objects.filter(pk=project_id, user=request.user).first()
+    if project is None:
+        messages.error(request, "No such project among yours.")
+        return redirect("console:account")
+    try:
+        projects.project_delete(project=project)
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, f"Project “{project.name}” deleted.")
+    return redirect("console:account")
