@@ -19,3 +19,20 @@ def _ensure_embedded_broker_dirs(sender, **kwargs):
         folder = (sender.conf.broker_transport_options or {}).get(key)
         if folder:
             Path(folder).mkdir(parents=True, exist_ok=True)
+
+
+def _route_events_through_outbox(**kwargs):
+    # An in-memory channel layer exists once per process: the worker's and beat's are not the web's.
+    from django.conf import settings
+
+    if settings.CHANNEL_LAYERS["default"]["BACKEND"].endswith("InMemoryChannelLayer"):
+        from scheduler.services import events
+
+        events.USE_OUTBOX = True
+
+
+from celery.signals import beat_init, worker_process_init, worker_init  # noqa: E402
+
+worker_init.connect(_route_events_through_outbox, weak=False)
+worker_process_init.connect(_route_events_through_outbox, weak=False)
+beat_init.connect(_route_events_through_outbox, weak=False)

@@ -7,6 +7,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncWebsocketConsumer
 
 from scheduler import selectors as fleet_selectors
+from scheduler.gateway.relay import RELAY
 from scheduler.services.events import buyer_group, node_group
 
 MAX_SUBSCRIPTIONS = 50
@@ -28,6 +29,7 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
             return
         self.groups_joined: set[str] = set()
         await self.accept()
+        RELAY.ensure_running()  # events written by worker/beat reach this socket (embedded default)
         # Every socket of a user hears that user's market events (lease running, balance low, interruption).
         self.user_group = buyer_group(user.pk)
         await self.channel_layer.group_add(self.user_group, self.channel_name)

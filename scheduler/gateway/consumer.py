@@ -23,6 +23,7 @@ from scheduler.services import nodes as node_services
 from scheduler.services.events import agent_group, node_group
 
 from .ingest import INGEST
+from .relay import RELAY
 
 log = logging.getLogger(__name__)
 
@@ -58,6 +59,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.last_dbe: dict[str, float] = {}
         self.thresholds = health_services.Thresholds.from_settings()
         INGEST.ensure_running()
+        RELAY.ensure_running()
 
     async def disconnect(self, code):
         if self.node_id is None:

@@ -174,3 +174,22 @@ class HealthEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.message}"
+
+
+class OutboxEvent(models.Model):
+    """A channel-layer message written by a process that cannot reach the layer itself.
+
+    With the embedded default the channel layer lives inside the web process, so a Celery worker or beat
+    cannot group_send to agents or browsers: they write here and the web process relays (gateway/relay.py).
+    With Redis every process sends directly and this table stays empty.
+    """
+
+    group = models.CharField(max_length=120)
+    message = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.group}: {self.message.get('type')}"

@@ -20,7 +20,17 @@ def buyer_group(user_id) -> str:
     return f"console.user.{user_id}"
 
 
+# Set in Celery worker and beat processes when the channel layer is in-memory (config/celery.py): their
+# layer is not the web process's, so messages go through the OutboxEvent table and the web relays them.
+USE_OUTBOX = False
+
+
 def _send(group: str, message: dict) -> None:
+    if USE_OUTBOX:
+        from scheduler.models import OutboxEvent
+
+        OutboxEvent.objects.create(group=group, message=message)
+        return
     layer = get_channel_layer()
     if layer is None:
         return
