@@ -28,7 +28,8 @@ def reservation_list(*, user) -> QuerySet[Reservation]:
 
 def bid_list(*, user) -> QuerySet[SpotBid]:
     return SpotBid.objects.filter(buyer=user).select_related("order").prefetch_related(
-        Prefetch("order__leases", queryset=Lease.objects.only("id", "order_id", "state", "price_per_hour")))
+        Prefetch("order__leases", queryset=Lease.objects.only("id", "order_id")),
+        Prefetch("order__reservations", queryset=Reservation.objects.only("id", "order_id")))
 
 
 def listing_list(*, gpu_model: str | None = None, region: str | None = None, profile: str | None = None,
