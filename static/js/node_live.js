@@ -27,12 +27,16 @@
       const metric = el.dataset.metric;
       const opts = {
         width: Math.max(260, el.clientWidth || 300), height: 170,
-        legend: { show: gpuOrder.length <= 8 },
+        legend: { show: false }, // one colour key for all four charts sits in the GPU table
         scales: { x: { time: true } },
         axes: [{ stroke: "#64748b" }, { stroke: "#64748b", size: 48 }],
         series: [{}].concat(gpuOrder.map((u, i) => ({ label: "gpu" + i, stroke: palette[i % palette.length], width: 1.5 }))),
       };
       if (charts[metric]) charts[metric].destroy();
+      gpuOrder.forEach((u, i) => {
+        const key = document.querySelector('tr[data-gpu="' + u + '"] .swatch');
+        if (key) key.style.background = palette[i % palette.length];
+      });
       el.innerHTML = "";
       charts[metric] = new uPlot(opts, [times].concat(series[metric]), el);
     }
