@@ -22,7 +22,16 @@
   const times = [];
   const series = {}; // metric -> array per gpu of values
 
+  function colourKeys() {
+    gpuOrder.forEach((u, i) => {
+      const key = document.querySelector('tr[data-gpu="' + u + '"] .swatch');
+      if (key) key.style.background = palette[i % palette.length];
+    });
+  }
+  document.body.addEventListener("htmx:afterSwap", colourKeys); // the GPU table is re-rendered on changes
+
   function build() {
+    colourKeys();
     for (const el of root.querySelectorAll(".chart")) {
       const metric = el.dataset.metric;
       const opts = {
@@ -33,10 +42,6 @@
         series: [{}].concat(gpuOrder.map((u, i) => ({ label: "gpu" + i, stroke: palette[i % palette.length], width: 1.5 }))),
       };
       if (charts[metric]) charts[metric].destroy();
-      gpuOrder.forEach((u, i) => {
-        const key = document.querySelector('tr[data-gpu="' + u + '"] .swatch');
-        if (key) key.style.background = palette[i % palette.length];
-      });
       el.innerHTML = "";
       charts[metric] = new uPlot(opts, [times].concat(series[metric]), el);
     }
