@@ -44,7 +44,7 @@ def _grouped(qs: QuerySet, keys: list[str], fields: list[str]) -> dict[tuple, di
     out: dict[tuple, dict[str, Decimal]] = {}
     if connection.vendor == "postgresql":
         for row in qs.order_by().values(*keys).annotate(**{f"s_{f}": Sum(f) for f in fields}):
-            out[tuple(row[k] for k in keys)] = {f: row[f"s_{f}"] or ZERO for f in fields}
+            out[tuple(row[k] for k in keys)] = {f: Decimal(row[f"s_{f}"] or 0) for f in fields}
         return out
     for row in qs.order_by().values_list(*keys, *fields).iterator(chunk_size=5000):
         bucket = out.setdefault(tuple(row[:len(keys)]), {f: ZERO for f in fields})
