@@ -123,7 +123,7 @@ def _start(reservation_id, now: datetime) -> None:
     try:
         with transaction.atomic():
             # Lock the reservation: the race is a second beat worker starting it too, or a resale splitting it.
-            r = (Reservation.objects.select_for_update(skip_locked=True).select_related("holder", "order")
+            r = (Reservation.objects.select_for_update(skip_locked=True, of=("self",)).select_related("holder", "order")
                  .filter(pk=reservation_id, state=Reservation.State.BOOKED).first())
             if r is None or r.leases.filter(state__in=Lease.OPEN_STATES).exists():
                 return
@@ -140,7 +140,7 @@ def _finish(reservation_id, now: datetime) -> None:
     from .leases import lease_end
 
     with transaction.atomic():
-        r = (Reservation.objects.select_for_update(skip_locked=True).select_related("holder")
+        r = (Reservation.objects.select_for_update(skip_locked=True, of=("self",)).select_related("holder")
              .filter(pk=reservation_id, state__in=Reservation.LIVE_STATES).first())
         if r is None:
             return
