@@ -115,3 +115,86 @@ class UsageRecordAdmin(ReadOnlyAdmin):
     search_fields = ["=lease_id", "buyer__username", "provider__username"]
     list_select_related = ["buyer", "provider", "project"]
     date_hierarchy = "minute"
+
+
+# --- The market: orders, leases, reservations, spot, resale, interruptions. --------------------------------
+from marketplace.models import (Interruption, Lease, Order, Reservation, ResaleListing, SpotBid,  # noqa: E402
+                                SpotPrice)
+
+
+@admin.register(Order)
+class OrderAdmin(admin.ModelAdmin):
+    list_display = ["id", "buyer", "mode", "state", "priority", "price_per_hour", "total_price", "attempts",
+                    "created_at", "placed_at", "explain"]
+    list_filter = ["mode", "state", "if_unavailable"]
+    search_fields = ["id", "buyer__username"]
+    readonly_fields = [f.name for f in Order._meta.fields]
+    actions = ["cancel_orders"]
+
+    @admin.action(description="Cancel the selected orders (queued: cancelled; placed on demand/spot: lease ended)")
+    def cancel_orders(self, request, queryset):
+        from marketplace.services.orders import order_cancel
+
+        done = 0
+        for order in queryset:
+            try:
+                order_cancel(buyer=order.buyer, order_id=order.pk)
+                done += 1
+            except DomainError as exc:
+                self.message_user(request, f"{order}: {exc.message}", messages.WARNING)
+        self.message_user(request, f"cancelled {done} orders")
+
+
+@admin.register(Lease)
+class LeaseAdmin(admin.ModelAdmin):
+    list_display = ["id", "buyer", "mode", "state", "slice", "price_per_hour", "cost_charged", "started_at",
+                    "ends_at", "ended_at", "end_reason"]
+    list_filter = ["mode", "state", "end_reason"]
+    search_fields = ["id", "buyer__username", "slice__instance_uuid"]
+    list_select_related = ["buyer", "slice__gpu__node"]
+    readonly_fields = [f.name for f in Lease._meta.fields]
+    actions = ["end_leases"]
+
+    @admin.action(description="End the selected leases (billing stops now, the instance is destroyed)")
+    def end_leases(self, request, queryset):
+        from marketplace.services.leases import lease_end
+
+        for lease in queryset:
+            lease_end(lease_id=lease.pk, reason="ended by an operator")
+        self.message_user(request, f"ended {queryset.count()} leases")
+
+
+@admin.register(Reservation)
+class ReservationAdmin(admin.ModelAdmin):
+    list_display = ["id", "holder", "gpu", "profile", "slot_start", "starts_at", "ends_at", "price_total", "state"]
+    list_filter = ["state", "profile"]
+    search_fields = ["id", "holder__username", "gpu__uuid"]
+    list_select_related = ["holder", "gpu__node"]
+    readonly_fields = [f.name for f in Reservation._meta.fields]
+
+
+@admin.register(SpotBid)
+class SpotBidAdmin(admin.ModelAdmin):
+    list_display = ["id", "buyer", "max_price_per_hour", "state", "created_at"]
+    list_filter = ["state"]
+    readonly_fields = [f.name for f in SpotBid._meta.fields]
+
+
+@admin.register(SpotPrice)
+class SpotPriceAdmin(ReadOnlyAdmin):
+    list_display = ["gpu_model", "at", "factor", "free_share", "price_per_gpu_hour"]
+    list_filter = ["gpu_model"]
+
+
+@admin.register(ResaleListing)
+class ResaleListingAdmin(admin.ModelAdmin):
+    list_display = ["id", "seller", "gpu_model", "profile", "region", "starts_at", "ends_at", "ask_per_hour",
+                    "state", "buyer", "fee"]
+    list_filter = ["state", "gpu_model", "region"]
+    readonly_fields = [f.name for f in ResaleListing._meta.fields]
+
+
+@admin.register(Interruption)
+class InterruptionAdmin(ReadOnlyAdmin):
+    list_display = ["lease", "kind", "announced_at", "deadline", "notice_seconds", "credited", "gpu_model", "region"]
+    list_filter = ["kind", "gpu_model", "region"]

@@ -62,6 +62,10 @@ def test_an_on_demand_order_through_the_api_runs_is_metered_ends_and_the_stateme
     assert wallet(buyer) == Decimal("19.10") and ledger.ledger_check() == []
     charges = LedgerTransaction.objects.filter(lease_id=lease_id, kind="usage")
     assert -sum(e.amount for t in charges for e in t.entries.filter(account__kind="wallet")) == Decimal("0.90")
+    from marketplace.services.statements import statement
+
+    body = statement(user=buyer, month=start.strftime("%Y-%m"))
+    assert body["totals"]["gpu_seconds"] == 1800 and body["totals"]["usage_amount_usd"] == "0.90"
 
 
 def test_a_spot_bid_through_the_api_is_interrupted_with_a_notice_and_billing_stops(fleet):
