@@ -53,7 +53,8 @@ def node_detail(request, node_id):
 @login_required
 def node_gpus_fragment(request, node_id):
     node = _node_or_404(request, node_id)
-    return render(request, "console/_node_gpus.html", {"node": node, "gpus": _gpu_rows(node)})
+    # htmx also swaps the status pill and the node's facts out of band: they change with the same events.
+    return render(request, "console/_node_gpus.html", {"node": node, "gpus": _gpu_rows(node), "oob": is_htmx(request)})
 
 
 @login_required
@@ -75,8 +76,7 @@ def gpu_health(request, node_id, gpu_id):
     else:
         messages.error(request, "Choose cordon or uncordon.")
     if is_htmx(request):
-        node.refresh_from_db()
-        return render(request, "console/_node_gpus.html", {"node": node, "gpus": _gpu_rows(node)})
+        return render(request, "console/_node_gpus.html", {"node": node, "gpus": _gpu_rows(node), "oob": True})
     return redirect("console:node", node_id=node.pk)
 
 

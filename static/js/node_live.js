@@ -80,7 +80,11 @@
     ws.onopen = () => { retry = 500; ws.send(JSON.stringify({ subscribe: { node: nodeId } })); };
     ws.onmessage = (ev) => {
       const msg = JSON.parse(ev.data);
-      if (msg.type === "subscribed") stateEl.textContent = "live";
+      if (msg.type === "subscribed") {
+        stateEl.textContent = "live";
+        // Whatever changed between rendering the page and subscribing: fetch the table (and status) once.
+        document.body.dispatchEvent(new Event("fleet-changed"));
+      }
       else if (msg.type === "metrics") onMetrics(msg);
       else if (msg.type === "changed") {
         if (msg.change && msg.change.status) {
