@@ -1,0 +1,139 @@
+"""A hypothesis state machine driving the market services (top-ups, orders of each mode, agents answering,
+metering ticks, interruptions, reservations, resales, ended leases, refunds). After every step the ledger
+balances, no wallet is negative and no memory slice is held twice. The money side's own machine covers
+the ledger alone (tests/marketplace/test_ledger.py)."""
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+import pytest
+from django.db import transaction
+from django.utils import timezone
+from hypothesis import HealthCheck, settings, strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+
+from marketplace.models import LedgerTransaction, Lease, Reservation, ResaleListing
+from marketplace.services import leases, ledger, metering, orders, resale, spot
+from marketplace.services.orders import OrderSpec
+from scheduler.errors import DomainError
+from scheduler.models import Slice
+from tests.factories import UserFactory
+from tests.marketplace.marketsim import Fleet, top_up
+
+pytestmark = pytest.mark.django_db
+
+
+class MarketMachine(RuleBasedStateMachine):
+    def __init__(self):
+        super().__init__()
+        self.atomic = transaction.atomic()
+        self.atomic.__enter__()
+        self.fleet = Fleet()
+        self.fleet.node("a100-80gb:1,l4:1", price="2.00")
+        self.buyers = [UserFactory() for _ in range(3)]
+        self.clock = timezone.now() + timedelta(seconds=1)
+
+    def teardown(self):
+        transaction.set_rollback(True)
+        self.atomic.__exit__(None, None, None)
+
+    def _try(self, fn, *a, **kw):
+        try:
+            with transaction.atomic():
+                return fn(*a, **kw)
+        except DomainError:
+            return None
+
+    @rule(who=st.integers(0, 2), amount=st.sampled_from(["0.05", "1", "25"]))
+    def top_up(self, who, amount):
+        top_up(self.buyers[who], amount)
+
+    @rule(who=st.integers(0, 2), mode=st.sampled_from(["on_demand", "spot"]), memory=st.sampled_from([0, 10, 40]),
+          queue=st.booleans(), duration=st.sampled_from([None, 600]))
+    def order(self, who, mode, memory, queue, duration):
+        bid = Decimal("3.0") if mode == "spot" else None
+        self._try(orders.order_place, buyer=self.buyers[who], now=self.clock, spec=OrderSpec(
+            mode=mode, memory_gb=memory, max_price_per_hour=bid, duration_seconds=duration,
+            if_unavailable="queue" if queue else "fail"))
+
+    @rule(who=st.integers(0, 2), hours_ahead=st.sampled_from([0, 2]), length=st.sampled_from([1, 3]))
+    def reserve(self, who, hours_ahead, length):
+        start = self.clock + timedelta(hours=hours_ahead, minutes=1)
+        self._try(orders.order_place, buyer=self.buyers[who], now=self.clock, spec=OrderSpec(
+            mode="reserved", window_start=start, window_end=start + timedelta(hours=length)))
+
+    @rule(fail=st.booleans())
+    def agents_answer(self, fail):
+        self.fleet.play(fail_creates=fail)
+
+    @rule(seconds=st.sampled_from([1, 5, 61, 900, 3600]))
+    def time_passes(self, seconds):
+        self.clock += timedelta(seconds=seconds)
+        metering.meter_tick(now=self.clock)
+        leases.leases_tick(now=self.clock)
+        orders.orders_retry(now=self.clock)
+        self.fleet.play()
+
+    @rule()
+    def spot_prices_move(self):
+        spot.spot_prices_recompute(now=self.clock)
+
+    @rule(data=st.data())
+    def interrupt_a_spot_lease(self, data):
+        ids = list(Lease.objects.filter(mode="spot", state="running").values_list("id", flat=True))
+        if ids:
+            short = data.draw(st.booleans())
+            spot.spot_interrupt(lease_id=data.draw(st.sampled_from(ids)), kind="preempted", now=self.clock,
+                                deadline=self.clock if short else None)
+
+    @rule(data=st.data())
+    def end_a_lease(self, data):
+        ids = list(Lease.objects.filter(state__in=["running", "provisioning"]).values_list("id", "buyer_id"))
+        if ids:
+            lease_id, buyer_id = data.draw(st.sampled_from(ids))
+            leases.lease_end(lease_id=lease_id, at=self.clock)
+
+    @rule(data=st.data(), ask=st.sampled_from(["0.10", "0.50"]))
+    def resell(self, data, ask):
+        rs = list(Reservation.objects.filter(state="booked", starts_at__gt=self.clock))
+        if not rs:
+            return
+        r = data.draw(st.sampled_from(rs))
+        listing = self._try(resale.listing_create, seller=r.holder, reservation_id=r.pk, starts_at=r.starts_at,
+                            ends_at=r.starts_at + (r.ends_at - r.starts_at) / 2, ask_per_hour=Decimal(ask),
+                            now=self.clock)
+        if listing is not None:
+            buyer = data.draw(st.sampled_from(self.buyers))
+            self._try(resale.listing_purchase, buyer=buyer, listing_id=listing.pk, now=self.clock)
+
+    @rule(data=st.data())
+    def refund_some_usage(self, data):
+        txns = list(LedgerTransaction.objects.filter(kind="usage"))
+        if txns:
+            t = data.draw(st.sampled_from(txns))
+            self._try(ledger.refund, original=t, idempotency_key=f"test-refund:{t.pk}")
+
+    @invariant()
+    def ledger_balances_and_no_wallet_is_negative(self):
+        assert ledger.ledger_check() == []
+
+    @invariant()
+    def no_memory_slice_is_held_twice(self):
+        held = {}
+        for sl in Slice.objects.filter(state__in=Slice.ACTIVE_STATES):
+            for slot in (range(sl.start, sl.start + sl.size) if sl.size else [-1]):
+                key = (sl.gpu_id, slot)
+                assert key not in held, f"slot {key} held by {held[key]} and {sl.pk}"
+                held[key] = sl.pk
+
+    @invariant()
+    def sold_windows_belong_to_one_holder(self):
+        for listing in ResaleListing.objects.filter(state="sold"):
+            assert listing.sold_reservation.holder_id == listing.buyer_id
+
+
+def test_the_market_keeps_money_and_capacity_consistent_under_any_sequence():
+    run_state_machine_as_test(MarketMachine, settings=settings(
+        max_examples=20, stateful_step_count=30, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]))
