@@ -16,6 +16,9 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "postgres" in item.keywords and not on_postgres:
             item.add_marker(skip_pg)
+    # Playwright's sync API keeps an event loop running in the main thread while its browser is open,
+    # which asyncio tests cannot share: browser tests run last.
+    items.sort(key=lambda item: "browser" in item.keywords)
 
 
 @pytest.fixture
