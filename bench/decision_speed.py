@@ -116,21 +116,24 @@ def run_size(n_gpus: int, n_fast: int, n_exh: int, seed: int = 1) -> dict:
         fast.decide(r)
     reqs = make_requests(n_fast, seed + 11)
     lat_fast, decisions = [], []
-    t_all = time.perf_counter()
+    t_all, cpu_all = time.perf_counter(), time.process_time()
     for r in reqs:
         t = time.perf_counter()
         decisions.append(fast.decide(r))
         lat_fast.append(time.perf_counter() - t)
     total_fast = time.perf_counter() - t_all
+    cpu_fast = time.process_time() - cpu_all  # CPU seconds of this process: less hurt by a shared machine
     # placed = fitted without preemption (the indexed path); the rest also count every GPU's refusal
     # reason and plan preemption, which scans the pool's spot capacity
     placed = [t for t, d in zip(lat_fast, decisions) if d.ok and not d.preempt]
     other = [t for t, d in zip(lat_fast, decisions) if not (d.ok and not d.preempt)]
     lat_exh, differ, gaps, ok_mismatch = [], 0, [], 0
+    cpu_exh_sum: list[float] = []
     for r, d_fast in list(zip(reqs, decisions))[:n_exh]:
-        t = time.perf_counter()
+        t, c = time.perf_counter(), time.process_time()
         d_exh = exh.decide(r)
         lat_exh.append(time.perf_counter() - t)
+        cpu_exh_sum.append(time.process_time() - c)
         if d_exh.ok != d_fast.ok:
             ok_mismatch += 1
             continue
@@ -144,6 +147,8 @@ def run_size(n_gpus: int, n_fast: int, n_exh: int, seed: int = 1) -> dict:
         gaps.append(max(0.0, (d_exh.score - rescored) / d_exh.score) if d_exh.score else 0.0)
     return {
         "gpus": len(pool.records), "n_fast": len(reqs), "n_exh": len(lat_exh),
+        "fast_cpu_per_s": len(reqs) / cpu_fast,
+        "exh_cpu_per_s": len(cpu_exh_sum) / sum(cpu_exh_sum) if cpu_exh_sum else float("nan"),
         "fast_per_s": len(reqs) / total_fast, "fast_p50": pct(lat_fast, 0.5), "fast_p99": pct(lat_fast, 0.99),
         "exh_mean": statistics.mean(lat_exh), "exh_p50": pct(lat_exh, 0.5), "exh_p99": pct(lat_exh, 0.99),
         "fast_mean": statistics.mean(lat_fast[:len(lat_exh)]) if lat_exh else float("nan"),
@@ -162,7 +167,7 @@ def main() -> None:
     plan = ([(1_000, 500, 100), (10_000, 1_000, 40)] if args.quick else
             [(1_000, 3_000, 400), (10_000, 3_000, 150), (50_000, 2_000, 30)])
     rows = []
-    print(f"{'GPUs':>7} {'free':>5} {'ok':>5} {'fast/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'exh/s':>7} "
+    print(f"{'GPUs':>7} {'free':>5} {'ok':>5} {'fast/s':>8} {'cpu/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'exh/s':>7} "
           f"{'exh p50':>8} {'exh p99':>8} {'speedup':>8} {'differ':>7} {'gap mean':>9} {'gap max':>8}")
     for n, nf, ne in plan:
         r = run_size(n, nf, ne)
@@ -170,6 +175,7 @@ def main() -> None:
         speedup = r["exh_mean"] / r["fast_mean"]
         gaps = r["gaps"] or [0.0]
         print(f"{r['gpus']:>7} {r['free_share']:>5.2f} {r['ok_share']:>5.2f} {r['fast_per_s']:>8.0f} "
+              f"{r['fast_cpu_per_s']:>7.0f} "
               f"{r['fast_p50'] * 1e3:>7.3f} {r['fast_p99'] * 1e3:>7.3f} {1 / r['exh_mean']:>7.1f} "
               f"{r['exh_p50'] * 1e3:>8.2f} {r['exh_p99'] * 1e3:>8.2f} {speedup:>7.1f}x "
               f"{r['differ']:>3}/{r['n_exh']:<3} {statistics.mean(gaps) * 100:>8.2f}% {max(gaps) * 100:>7.2f}%"
@@ -183,8 +189,9 @@ def main() -> None:
     r1 = min(rows, key=lambda r: abs(r["gpus"] - 1_000))
     gaps10 = r10["gaps"] or [0.0]
     print("\nagainst the targets (issue 3):")
-    print(f"  decisions/s at {r10['gpus']} GPUs: {r10['fast_per_s']:.0f} = {r10['fast_per_s'] / 2000:.2f}x "
-          f"the 2,000/s target")
+    print(f"  decisions/s at {r10['gpus']} GPUs: {r10['fast_per_s']:.0f} wall-clock = {r10['fast_per_s'] / 2000:.2f}x "
+          f"the 2,000/s target; {r10['fast_cpu_per_s']:.0f} per CPU-second = "
+          f"{r10['fast_cpu_per_s'] / 2000:.2f}x (exhaustive {r10['exh_cpu_per_s']:.1f} per CPU-second)")
     print(f"  fast vs exhaustive at {r10['gpus']} GPUs: {r10['exh_mean'] / r10['fast_mean']:.1f}x "
           f"(target >= 20x); mean score gap {statistics.mean(gaps10) * 100:.2f}%, "
           f"max {max(gaps10) * 100:.2f}% (target within 1%)")

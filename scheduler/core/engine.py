@@ -27,7 +27,7 @@ from . import mig, preemption
 from .filters import DEFAULT_FILTERS, Filter
 from .model import Decision, GpuState, NodeState, Placement, Request
 from .placement import Option, multi_option, single_option
-from .pool import FIXED, WHOLE, CapacityError, GpuRecord, Pool
+from .pool import CLASS_FIELDS, FIXED, WHOLE, CapacityError, GpuRecord, Pool
 from .regions import rtt_ms
 from .scorers import DEFAULT_SCORERS, LatencyScorer, Scorer
 from .weights import DEFAULT_WEIGHTS, Weights, weights_for
@@ -56,6 +56,12 @@ class Scheduler:
         self.packing_candidates = packing_candidates
         self._rank_cache: dict[tuple[str, str], tuple[tuple[int, int], list]] = {}
         self._shares: dict[Weights, list[tuple[Scorer, float]]] = {}
+        self._cur_weights: Weights | None = None  # the weights of the decision in progress, and their shares
+        self._cur_shares: list[tuple[Scorer, float]] = []
+        self._alive_memo: tuple | None = None  # (request, alive kinds, refused counts) within one decide
+        self._filters_memo: tuple | None = None  # (request, active filters) within one decide
+        self._fit_memo: dict[tuple, mig.MigProfile | None] = {}
+        self._lat_memo: dict[tuple, float] = {}
 
     # --- public --------------------------------------------------------------------------------------
 
@@ -74,6 +80,17 @@ class Scheduler:
         if problem:
             return Decision(ok=False, reasons={problem: len(self.pool.records)})
         weights = self.weights()
+        self._cur_weights, self._cur_shares = weights, self._shares_for(weights)
+        self._alive_memo = (request, None, None)
+        # exhaustive stays the literal reference: every filter on every GPU, none skipped as inactive
+        self._filters_memo = (request, self._active_filters(request) if self.mode == "fast" else
+                              tuple((i, f, f.scope) for i, f in enumerate(self.filters)))
+        try:
+            return self._decide(request, weights, allow_preemption, explain)
+        finally:
+            self._alive_memo = self._filters_memo = None
+
+    def _decide(self, request: Request, weights: Weights, allow_preemption: bool, explain: bool) -> Decision:
         if self.mode == "exhaustive":
             best, considered = self._exhaustive(request, weights)
         else:
@@ -102,14 +119,26 @@ class Scheduler:
               ) -> tuple[float, dict[str, float]]:
         """(score 0..100, per-plugin weighted contributions) of one option."""
         weights = weights or self.weights()
+        shares = self._cur_shares if weights is self._cur_weights else self._shares_for(weights)
+        breakdown = {s.name: share * s.score(option, request) for s, share in shares}
+        return sum(breakdown.values()), breakdown
+
+    def value(self, option: Option, request: Request, weights: Weights) -> float:
+        """`score(...)[0]` without the breakdown (the same float: the same terms summed in the same order)."""
+        shares = self._cur_shares if weights is self._cur_weights else self._shares_for(weights)
+        total = 0
+        for s, share in shares:
+            total += share * s.score(option, request)
+        return total
+
+    def _shares_for(self, weights: Weights) -> list[tuple[Scorer, float]]:
         shares = self._shares.get(weights)
         if shares is None:
             total_w = sum(weights.get(s.name) for s in self.scorers) or 1.0
             if len(self._shares) > 64:
                 self._shares.clear()  # weights move with load: keep the memo small
             shares = self._shares[weights] = [(s, weights.get(s.name) / total_w) for s in self.scorers]
-        breakdown = {s.name: share * s.score(option, request) for s, share in shares}
-        return sum(breakdown.values()), breakdown
+        return shares
 
     def rescore(self, decision: Decision, request: Request) -> float:
         """Score of an existing decision's placement under this scheduler's scorers and current weights
@@ -127,27 +156,48 @@ class Scheduler:
         return single_option(self.pool, node, recs[0].gpu, request, idx=recs[0].idx)
 
     def first_refusal(self, request: Request, node: NodeState, gpu: GpuState,
-                      cache: dict | None = None, *, skip: frozenset[str] = frozenset()) -> str | None:
+                      cache: dict | None = None, *, skip: frozenset[str] = frozenset(),
+                      node_key: object = None) -> str | None:
         """The first filter's reason for refusing `gpu`, or None when every filter passes. `cache` (one
-        dict per decision) reuses model- and node-scope answers."""
-        for i, f in enumerate(self.filters):
-            if f.name in skip:
+        dict per decision) reuses model- and node-scope answers, node ones under `node_key` (default: the
+        node id; the reason buckets pass the node class)."""
+        if node_key is None:
+            node_key = node.id
+        memo = self._filters_memo
+        active = memo[1] if memo is not None and memo[0] is request else self._active_filters(request)
+        pool = self.pool
+        for i, f, scope in active:
+            if skip and f.name in skip:
                 continue
-            if cache is not None and f.scope != "gpu":
-                key = (i, node.id) if f.scope == "node" else (i, gpu.model, gpu.geometry is None)
-                if key in cache:
-                    reason = cache[key]
-                else:
-                    reason = cache[key] = f.check(request, node, gpu, self.pool)
+            if cache is not None and scope != "gpu":
+                key = (i, node_key) if scope == "node" else (i, gpu.model, gpu.geometry is None)
+                reason = cache.get(key, False)
+                if reason is False:
+                    reason = cache[key] = f.check(request, node, gpu, pool)
             else:
-                reason = f.check(request, node, gpu, self.pool)
+                reason = f.check(request, node, gpu, pool)
             if reason:
                 return reason
         return None
 
+    def _active_filters(self, request: Request) -> tuple[tuple[int, Filter, str], ...]:
+        """(position, filter, scope) of the filters that can refuse something for `request`."""
+        return tuple((i, f, f.scope) for i, f in enumerate(self.filters) if f.active(request))
+
     def alive_kinds(self, request: Request, counts: Counter | None = None) -> set[tuple[str, bool]]:
         """(model, MIG off) kinds that pass the leading model-scope filters; the refused ones are added
         to `counts` in bulk."""
+        memo = self._alive_memo
+        if memo is not None and memo[0] is request:
+            if memo[1] is None:
+                refused: Counter[str] = Counter()
+                self._alive_memo = memo = (request, self._alive_kinds(request, refused), refused)
+            if counts is not None:
+                counts.update(memo[2])
+            return memo[1]
+        return self._alive_kinds(request, counts)
+
+    def _alive_kinds(self, request: Request, counts: Counter | None) -> set[tuple[str, bool]]:
         lead = []
         for f in self.filters:
             if f.scope != "model":
@@ -164,11 +214,76 @@ class Scheduler:
         return alive
 
     def reasons(self, request: Request) -> dict[str, int]:
-        """Every GPU's first refusal, counted (the same in both modes).
+        """Every GPU's first refusal, counted (the same in both modes, and equal to checking every GPU).
 
         Counted in bulk where it is safe: a refusal by the leading model-scope filters covers every GPU of
-        that model and MIG mode; GPUs of one node with the same model, MIG mode, health and placeable
-        profiles (pool.node_groups) get the same answer from every groupable filter, so one is checked."""
+        that model and MIG mode. Then, where every active filter is groupable and reads only the node
+        fields in `pool.CLASS_FIELDS`, one GPU per reason bucket (pool.reason_buckets: node class and GPU
+        sig) is checked, and per-node-free filters (k GPUs on one node) once per free-node bucket: the cost
+        is O(buckets), which stops growing with the pool. Otherwise (a price cap: its answer depends on each
+        node's price) GPUs of one node with the same sig (pool.node_groups) are checked once: O(nodes)."""
+        counts = self._bucket_reasons(request)
+        if counts is not None:
+            return counts
+        return self._node_group_reasons(request)
+
+    def _bucket_path(self, request: Request) -> tuple[bool, frozenset[str]]:
+        """(can reasons be counted per bucket, names of the active per-node-free filters)."""
+        per_node: list[str] = []
+        for f in self.filters:
+            if not f.active(request):
+                continue
+            if f.scope == "model":
+                if per_node:
+                    return False, frozenset()
+                continue
+            fields = f.node_fields
+            if not f.groupable or fields is None or not set(fields) <= set(CLASS_FIELDS):
+                return False, frozenset()
+            if f.per_node_free:
+                per_node.append(f.name)
+            elif per_node:
+                return False, frozenset()  # per-node-free filters must come last
+        return True, frozenset(per_node)
+
+    def _bucket_reasons(self, request: Request) -> dict[str, int] | None:
+        ok, per_node = self._bucket_path(request)
+        if not ok:
+            return None
+        pool = self.pool
+        counts: Counter[str] = Counter()
+        cache: dict = {}
+        alive = self.alive_kinds(request, counts)
+        passing: set[tuple] = set()  # buckets that pass every filter but the per-node-free ones
+        for key, members in (kv for kind in alive for kv in pool.reason_buckets.get(kind, {}).items()):
+            rec = pool.records[next(iter(members))]
+            reason = self.first_refusal(request, rec.node, rec.gpu, cache, skip=per_node, node_key=key[0])
+            if reason is not None:
+                counts[reason] += len(members)
+            elif per_node:
+                if rec.gpu.instances or not rec.schedulable:
+                    return None  # only free GPUs may reach a per-node-free filter (a custom filter set)
+                passing.add(key)
+        if passing:
+            last = [f for f in self.filters if f.name in per_node]
+            for cls in {c for c, _ in passing}:
+                for free, node_ids in pool.free_nodes.get(cls, {}).items():
+                    here = [sig for sig in free if (cls, sig) in passing]
+                    if not here:
+                        continue
+                    node = pool.nodes[next(iter(node_ids))]
+                    seen: dict[tuple, str | None] = {}
+                    for sig in here:
+                        if sig not in seen:
+                            gpu = next(r.gpu for r in pool.by_node[node.id]
+                                       if r.sig == sig and not r.gpu.instances)
+                            seen[sig] = next((r for f in last if (r := f.check(request, node, gpu, pool))), None)
+                        if seen[sig] is not None:
+                            counts[seen[sig]] += len(node_ids)
+        return dict(counts)
+
+    def _node_group_reasons(self, request: Request) -> dict[str, int]:
+        """The O(nodes) count: one GPU per (node, sig) group (or every GPU, for non-groupable filters)."""
         pool = self.pool
         counts: Counter[str] = Counter()
         cache: dict = {}
@@ -209,7 +324,7 @@ class Scheduler:
                 considered += len(gpus)
                 opt = multi_option(self.pool, self.pool.nodes[node_id], gpus, request)
                 if opt is not None:
-                    s = self.score(opt, request, weights)[0]
+                    s = self.value(opt, request, weights)
                     if self._better(s, opt, best):
                         best = (s, opt)
             return (best[1] if best else None), considered
@@ -220,7 +335,7 @@ class Scheduler:
             if opt is None:
                 continue
             considered += 1
-            s = self.score(opt, request, weights)[0]
+            s = self.value(opt, request, weights)
             if self._better(s, opt, best):
                 best = (s, opt)
         return (best[1] if best else None), considered
@@ -236,7 +351,7 @@ class Scheduler:
             opt = multi_option(self.pool, recs[0].node, gpus, request) if gpus else None
             if opt is not None:
                 considered += len(gpus)
-                s = self.score(opt, request, weights)[0]
+                s = self.value(opt, request, weights)
                 if self._better(s, opt, best):
                     best = (s, opt)
         return (best[1] if best else None), considered
@@ -254,16 +369,30 @@ class Scheduler:
             elif request.wants_whole:
                 keys.add(WHOLE)
             elif (g := pool.spec(model).mig) is not None:
-                p = mig.smallest_fitting_profile(g, memory_gb=request.memory_gb,
-                                                 compute_slices=request.compute_slices)
+                p = self._fitting(model, g, request)
                 if p is not None:
                     keys.add(p.name)
             for key in keys:
                 for region, lst in pool.avail.get((model, key), {}).items():
                     if lst and (request.regions is None or region in request.regions):
-                        lat = wl * _LATENCY.normalise(rtt_ms(request.buyer_region, region))
+                        lk = (request.buyer_region, region)
+                        lat = self._lat_memo.get(lk)
+                        if lat is None:
+                            lat = self._lat_memo[lk] = wl * _LATENCY.normalise(rtt_ms(request.buyer_region, region))
                         out.append((lat, lst))
         return out
+
+    def _fitting(self, model: str, g: mig.MigGeometry, request: Request) -> mig.MigProfile | None:
+        """`mig.smallest_fitting_profile` for the request's memory and compute, memoised per model."""
+        key = (model, request.memory_gb, request.compute_slices)
+        try:
+            return self._fit_memo[key]
+        except KeyError:
+            if len(self._fit_memo) > 4096:
+                self._fit_memo.clear()
+            p = self._fit_memo[key] = mig.smallest_fitting_profile(
+                g, memory_gb=request.memory_gb, compute_slices=request.compute_slices)
+            return p
 
     def _fast(self, request: Request, weights: Weights) -> tuple[Option | None, int]:
         pool = self.pool
@@ -304,7 +433,7 @@ class Scheduler:
                 opt = single_option(pool, rec.node, rec.gpu, request, idx=idx)
                 considered += 1 if opt else 0
             if opt is not None:
-                s = self.score(opt, request, weights)[0]
+                s = self.value(opt, request, weights)
                 if self._better(s, opt, best):
                     best = (s, opt)
         if request.gpu_count == 1 and not request.wants_whole and self.packing_candidates:
@@ -319,7 +448,7 @@ class Scheduler:
                 if opt is None:
                     continue
                 considered += 1
-                s = self.score(opt, request, weights)[0]
+                s = self.value(opt, request, weights)
                 if self._better(s, opt, best):
                     best = (s, opt)
         return (best[1] if best else None), considered
@@ -334,18 +463,25 @@ class Scheduler:
             g = pool.spec(model).mig
             if mig_off or g is None:
                 continue
-            p = mig.smallest_fitting_profile(g, memory_gb=request.memory_gb, compute_slices=request.compute_slices)
+            p = self._fitting(model, g, request)
             if p is None:
                 continue
             buckets = pool.by_layout.get((model, p.name), {})
+            enough, last = 0, None
             for delta, layout in self._layout_rank(model, g, p.name):
+                if enough >= self.packing_candidates and delta != last:
+                    break  # this kind's buckets so far fill the walk before any later one is reached
                 lst = buckets.get(layout)
                 if lst:
                     ranked.append((delta, lst[0], lst))
-        ranked.sort(key=lambda t: (t[0], t[1]))  # equal Δfrag: the bucket with the best node first
+                    enough += len(lst)
+                    last = delta
+        # equal Δfrag: the bucket with the best node first; (Δfrag, first entry) is unique per bucket, so
+        # the heap never compares the lists. Only the first few buckets are needed: pop, don't sort.
+        heapq.heapify(ranked)
         offered = 0
-        for _, _, lst in ranked:
-            for _, idx in lst:
+        while ranked:
+            for _, idx in heapq.heappop(ranked)[2]:
                 yield idx
                 offered += 1
                 if offered >= self.packing_candidates:

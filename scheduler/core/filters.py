@@ -50,25 +50,36 @@ class PoolView(Protocol):
 
 class Filter:
     """A hard constraint. `groupable`: the answer depends on the GPU only through its model, MIG mode,
-    health and what can be placed on it now (so `Scheduler.reasons` may check one GPU per such group)."""
+    health and what can be placed on it now (so `Scheduler.reasons` may check one GPU per such group).
+
+    For the pool's reason buckets (pool.py), a filter also says which node fields it reads (`node_fields`;
+    None = unknown, which turns bucketed counting off) and whether it depends on the node's free GPUs
+    (`per_node_free`: answered once per node bucket, and only for GPUs every other filter passed).
+    `active(request)` False means the filter passes every GPU for that request (its fields then don't matter).
+    """
 
     name: str = "filter"
     scope: Scope = "gpu"
     groupable: bool = True
+    node_fields: tuple[str, ...] | None = None
+    per_node_free: bool = False
+
+    def active(self, request: Request) -> bool:
+        return True
 
     def check(self, request: Request, node: NodeState, gpu: GpuState, view: PoolView) -> str | None:
         raise NotImplementedError
 
 
 class NodeOnline(Filter):
-    name, scope = "node_online", "node"
+    name, scope, node_fields = "node_online", "node", ("online",)
 
     def check(self, request, node, gpu, view):
         return None if node.online else "node offline"
 
 
 class GpuHealthy(Filter):
-    name, scope = "gpu_health", "gpu"
+    name, scope, node_fields = "gpu_health", "gpu", ()
 
     def check(self, request, node, gpu, view):
         if gpu.health == "cordoned":
@@ -79,7 +90,7 @@ class GpuHealthy(Filter):
 
 
 class ModelAllowed(Filter):
-    name, scope = "model", "model"
+    name, scope, node_fields = "model", "model", ()
 
     def check(self, request, node, gpu, view):
         if request.models is not None and gpu.model not in request.models:
@@ -88,7 +99,10 @@ class ModelAllowed(Filter):
 
 
 class CudaVersion(Filter):
-    name, scope = "cuda", "node"
+    name, scope, node_fields = "cuda", "node", ("cuda_version",)
+
+    def active(self, request):
+        return bool(request.min_cuda)
 
     def check(self, request, node, gpu, view):
         if request.min_cuda and version_tuple(node.cuda_version) < version_tuple(request.min_cuda):
@@ -97,7 +111,7 @@ class CudaVersion(Filter):
 
 
 class ComputeCapability(Filter):
-    name, scope = "compute_capability", "model"
+    name, scope, node_fields = "compute_capability", "model", ()
 
     def check(self, request, node, gpu, view):
         if request.min_compute_capability:
@@ -108,7 +122,10 @@ class ComputeCapability(Filter):
 
 
 class RegionAllowed(Filter):
-    name, scope = "region", "node"
+    name, scope, node_fields = "region", "node", ("region",)
+
+    def active(self, request):
+        return request.regions is not None
 
     def check(self, request, node, gpu, view):
         if request.regions is not None and node.region not in request.regions:
@@ -119,7 +136,7 @@ class RegionAllowed(Filter):
 class MemoryPerSlice(Filter):
     """The GPU (or one of its MIG profiles) offers the memory and compute slices asked for."""
 
-    name, scope = "memory", "model"
+    name, scope, node_fields = "memory", "model", ()
 
     def check(self, request, node, gpu, view):
         _, reason = view.slice_for(gpu, request)
@@ -129,7 +146,10 @@ class MemoryPerSlice(Filter):
 class PriceCap(Filter):
     """Slice price in the request's class (× gpu_count) at or under the cap; for spot the cap is the bid."""
 
-    name, scope = "price", "gpu"
+    name, scope, node_fields = "price", "gpu", ("price_per_gpu_hour",)
+
+    def active(self, request):
+        return request.max_price_per_hour is not None
 
     def check(self, request, node, gpu, view):
         if request.max_price_per_hour is None:
@@ -148,7 +168,7 @@ class PriceCap(Filter):
 class Capacity(Filter):
     """A legal MIG placement exists now, or the GPU is free when a whole GPU is needed."""
 
-    name, scope = "capacity", "gpu"
+    name, scope, node_fields = "capacity", "gpu", ()
 
     def check(self, request, node, gpu, view):
         profile, _ = view.slice_for(gpu, request)
@@ -160,7 +180,10 @@ class Capacity(Filter):
 class GpusOnOneNode(Filter):
     """k whole GPUs on one node: the node has at least k free GPUs that pass the other filters."""
 
-    name, scope = "gpu_count", "node"
+    name, scope, node_fields, per_node_free = "gpu_count", "node", (), True
+
+    def active(self, request):
+        return request.gpu_count > 1
 
     def check(self, request, node, gpu, view):
         if request.gpu_count <= 1:

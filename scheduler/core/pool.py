@@ -8,7 +8,16 @@ Indexes, all maintained per GPU on every change (allocate, release, health, node
 - `by_layout[(model, profile)][layout]`: the same GPUs bucketed by MIG layout, which fixes their packing
   cost, so the fast path can also visit the best-packing GPUs;
 - free share per model (sum of free fractions / schedulable GPUs), kept as running sums;
-- free whole GPUs per node, GPUs holding spot instances, and lease id -> GPUs.
+- free whole GPUs per node, GPUs holding spot instances, and lease id -> GPUs;
+- reason buckets, so that `Scheduler.reasons` costs O(buckets), not O(GPUs): `reason_buckets[(model, MIG
+  off)][(node class, GPU sig)]` = the GPUs whose nodes share the node fields filters read (`CLASS_FIELDS`: online, region, CUDA)
+  and that share model, MIG mode, health and placeable profiles, so every groupable filter that reads no
+  other node field answers them alike; `free_nodes[(node class, free sig)]` = nodes with the same class and
+  the same free GPUs (by sig), which `GpusOnOneNode` answers alike (`free_nodes[class][free sig]`; nodes
+  with no free GPU are left out);
+- spot capacity for preemption: `spot_lb[(model, MIG off)]` = GPUs holding spot leases, sorted by their
+  cheapest spot lease (a lower bound on the value any removal there costs), and nodes by how many of their
+  GPUs are free or hold only spot (`nodes_by_pfree`), for k-GPU preemption.
 A `Pool` deep-copies the `NodeState`s it is given: callers keep their snapshot, the pool owns its copy.
 """
 from __future__ import annotations
@@ -26,6 +35,15 @@ from .scorers import PriceScorer, ReliabilityScorer
 from .weights import DEFAULT_WEIGHTS
 
 WHOLE, FIXED = "__whole__", "__fixed__"
+CLASS_FIELDS = ("online", "region", "cuda_version")  # node fields the reason buckets group by
+
+
+def node_class(node: NodeState) -> tuple:
+    return (node.online, node.region, node.cuda_version)
+
+
+def _preemptible(i: PlacedInstance) -> bool:
+    return i.priority == "spot" and bool(i.lease_id)
 
 
 class CapacityError(ValueError):
@@ -34,7 +52,7 @@ class CapacityError(ValueError):
 
 class GpuRecord:
     __slots__ = ("gpu", "node", "idx", "spec", "layout", "avail", "free_frac", "key", "keyed", "schedulable",
-                 "free_whole", "region", "leases", "sig")
+                 "free_whole", "region", "leases", "sig", "bucket", "spot_lb", "pfree", "has_spot")
 
     def __init__(self, gpu: GpuState, node: NodeState, idx: int) -> None:
         self.gpu, self.node, self.idx = gpu, node, idx
@@ -49,6 +67,10 @@ class GpuRecord:
         self.region = node.region
         self.leases: frozenset[str] = frozenset()
         self.sig: tuple | None = None
+        self.bucket: tuple | None = None  # key in Pool.reason_buckets
+        self.spot_lb: float | None = None  # cheapest spot lease on the GPU (None: holds no spot lease)
+        self.pfree = False  # every instance (if any) is preemptible spot: removal can free the whole GPU
+        self.has_spot = False
 
 
 class Pool:
@@ -75,6 +97,14 @@ class Pool:
         self.nodes_by_free: dict[int, set[str]] = defaultdict(set)  # free GPU count -> nodes
         self.spot_gpus: set[int] = set()
         self.leases: dict[str, set[int]] = defaultdict(set)
+        # (model, MIG off) -> (node class, sig) -> pool indexes
+        self.reason_buckets: dict[tuple[str, bool], dict[tuple, dict[int, None]]] = defaultdict(dict)
+        self.free_nodes: dict[tuple, dict[tuple, dict[str, None]]] = {}  # class -> free sig -> nodes
+        self._node_fkey: dict[str, tuple] = {}
+        self.spot_lb: dict[tuple[str, bool], list[tuple[float, int]]] = defaultdict(list)
+        self.node_pfree: dict[str, int] = defaultdict(int)  # GPUs free or holding only spot leases
+        self.node_spot: dict[str, int] = defaultdict(int)  # GPUs holding spot leases
+        self.nodes_by_pfree: dict[int, set[str]] = defaultdict(set)
         self.mix = mix or DemandMix()
         self.frags = FragCache(self.mix)
         self._slice_cache: dict[tuple, tuple[str | None, str | None]] = {}
@@ -317,10 +347,75 @@ class Pool:
         for lease in leases - rec.leases:
             self.leases[lease].add(rec.idx)
         rec.leases = leases
-        if any(i.priority == "spot" and i.lease_id for i in g.instances):
+        node_id = rec.node.id
+        bucket = (node_class(rec.node), rec.sig)
+        if rec.bucket != bucket:
+            kind_buckets = self.reason_buckets[(model, g.geometry is None)]
+            if rec.bucket is not None:
+                members = kind_buckets[rec.bucket]
+                del members[rec.idx]
+                if not members:
+                    del kind_buckets[rec.bucket]
+            kind_buckets.setdefault(bucket, {})[rec.idx] = None
+            rec.bucket = bucket
+        self._refresh_free_node(node_id)
+        spot_values = [i.remaining_value for i in g.instances if _preemptible(i)]
+        # no removal of spot leases here costs less than this (values are normally >= 0; with negative ones
+        # the bound is their sum)
+        lb = min(min(spot_values), sum(v for v in spot_values if v < 0)) if spot_values else None
+        kind = (model, g.geometry is None)
+        if rec.spot_lb is not None:
+            lst = self.spot_lb[kind]
+            i = bisect.bisect_left(lst, (rec.spot_lb, rec.idx))
+            if i < len(lst) and lst[i] == (rec.spot_lb, rec.idx):
+                del lst[i]
+        if lb is not None:
+            bisect.insort(self.spot_lb[kind], (lb, rec.idx))
+        rec.spot_lb = lb
+        pfree = all(_preemptible(i) for i in g.instances)
+        has_spot = lb is not None
+        if pfree != rec.pfree:
+            old = self.node_pfree[node_id]
+            new = old + (1 if pfree else -1)
+            self.nodes_by_pfree[old].discard(node_id)
+            self.nodes_by_pfree[new].add(node_id)
+            self.node_pfree[node_id] = new
+            rec.pfree = pfree
+        if has_spot != rec.has_spot:
+            self.node_spot[node_id] += 1 if has_spot else -1
+            rec.has_spot = has_spot
+        if has_spot:
             self.spot_gpus.add(rec.idx)
         else:
             self.spot_gpus.discard(rec.idx)
+
+    def _refresh_free_node(self, node_id: str) -> None:
+        """Move the node to the free-node bucket of its class and its free GPUs' sigs."""
+        recs = self.by_node[node_id]
+        free = tuple(sorted((r.sig for r in recs if not r.gpu.instances and r.sig is not None),
+                            key=lambda sig: sig[:3]))
+        key = (node_class(recs[0].node), free)
+        old = self._node_fkey.get(node_id)
+        if old == key:
+            return
+        if old is not None:
+            by_free = self.free_nodes[old[0]]
+            members = by_free[old[1]]
+            del members[node_id]
+            if not members:
+                del by_free[old[1]]
+                if not by_free:
+                    del self.free_nodes[old[0]]
+        if free:
+            self.free_nodes.setdefault(key[0], {}).setdefault(free, {})[node_id] = None
+            self._node_fkey[node_id] = key
+        else:
+            self._node_fkey.pop(node_id, None)
+
+    def nodes_for_preemption(self, k: int) -> list[str]:
+        """Nodes holding spot leases with at least k GPUs that are free or hold only spot, in pool order."""
+        found = [n for c, ids in self.nodes_by_pfree.items() if c >= k for n in ids if self.node_spot[n] > 0]
+        return sorted(found, key=lambda n: self.by_node[n][0].idx)
 
     def _set_node_free(self, node_id: str, change: int) -> None:
         old = self.node_free[node_id]

@@ -12,9 +12,16 @@ Rules:
 Per GPU and legal start slot, the leases in the way must go; when a count, compute-slice or media-engine
 limit still refuses, the cheapest further spot leases on that GPU go too (greedy, so not always the
 cheapest possible set in that rare case). The cheapest start wins.
+
+Search (the same answer as trying every GPU that holds spot leases, `plan_brute_force`): a single GPU is
+visited in the order of the pool's `spot_lb` index (its cheapest spot lease first, a lower bound on what
+any removal there costs), and the walk stops once that bound exceeds the value of the best plan found, so
+only GPUs where removing spot could still win are tried. k GPUs on one node visit only the nodes with at
+least k GPUs that are free or hold only spot leases (`Pool.nodes_for_preemption`).
 """
 from __future__ import annotations
 
+import heapq
 from typing import TYPE_CHECKING
 
 from . import mig
@@ -93,15 +100,36 @@ def plan(sched: "Scheduler", request: Request, weights: "Weights") -> Option | N
     if request.mode == "spot":
         return None
     if request.gpu_count > 1:
-        return _plan_multi(sched, request, weights)
+        return _plan_multi(sched, request, weights, sched.pool.nodes_for_preemption(request.gpu_count))
+    pool = sched.pool
+    alive = sched.alive_kinds(request)
+    lists = [pool.spot_lb[kind] for kind in sorted(alive) if pool.spot_lb.get(kind)]
+    walk = heapq.merge(*lists) if len(lists) > 1 else iter(lists[0]) if lists else iter(())
+    return _plan_single(sched, request, weights, walk)
+
+
+def plan_brute_force(sched: "Scheduler", request: Request, weights: "Weights") -> Option | None:
+    """The reference `plan`: every GPU holding spot leases, every node (the tests compare the two)."""
+    if request.mode == "spot":
+        return None
+    if request.gpu_count > 1:
+        return _plan_multi(sched, request, weights, list(sched.pool.by_node))
+    alive = sched.alive_kinds(request)
+    pool = sched.pool
+    walk = ((0.0, idx) for idx in sorted(pool.spot_gpus)
+            if (pool.records[idx].gpu.model, pool.records[idx].gpu.geometry is None) in alive)
+    return _plan_single(sched, request, weights, walk)
+
+
+def _plan_single(sched: "Scheduler", request: Request, weights: "Weights", walk) -> Option | None:
+    """The cheapest plan over `walk`: (lower bound on removal value, pool index) pairs, bound ascending."""
     pool = sched.pool
     cache: dict = {}
     best: tuple | None = None
-    alive = sched.alive_kinds(request)
-    for idx in sorted(pool.spot_gpus):
+    for lb, idx in walk:
+        if best is not None and lb > best[0][0]:
+            break  # every GPU left costs more than the best plan found
         rec = pool.records[idx]
-        if (rec.gpu.model, rec.gpu.geometry is None) not in alive:
-            continue  # refused by a model-level filter (wrong model, too little memory, ...)
         if sched.first_refusal(request, rec.node, rec.gpu, cache, skip=_SKIP) is not None:
             continue
         profile, _ = pool.slice_for(rec.gpu, request)
@@ -109,22 +137,23 @@ def plan(sched: "Scheduler", request: Request, weights: "Weights") -> Option | N
         if removal is None or removal[1] == 0:
             continue
         value, count, leases, layout = removal
+        if best is not None and (value, count) > best[0][:2]:
+            continue
         opt = single_option(pool, rec.node, rec.gpu, request, layout=layout, idx=idx)
         if opt is None:
             continue
         opt.preempt = list(leases)
-        key = (value, count, -sched.score(opt, request, weights)[0], idx)
+        key = (value, count, -sched.value(opt, request, weights), idx)
         if best is None or key < best[0]:
             best = (key, opt)
     return best[1] if best else None
 
 
-def _plan_multi(sched: "Scheduler", request: Request, weights: "Weights") -> Option | None:
+def _plan_multi(sched: "Scheduler", request: Request, weights: "Weights", nodes: list[str]) -> Option | None:
     """k whole GPUs on one node, freeing spot-only GPUs on nodes that hold spot leases."""
     pool = sched.pool
     cache: dict = {}
     alive = sched.alive_kinds(request)
-    nodes = list(pool.by_node)
     best: tuple | None = None
     for node_id in nodes:
         usable: list[tuple[float, int, int, tuple[str, ...], GpuRecord]] = []
@@ -158,7 +187,7 @@ def _plan_multi(sched: "Scheduler", request: Request, weights: "Weights") -> Opt
                      sum(p.pack_cost for p in parts) / len(parts),  # type: ignore[union-attr]
                      sum(p.price_per_hour for p in parts), sum(p.pu for p in parts),  # type: ignore[union-attr]
                      chosen[0][2], preempt=leases)
-        key = (value, len(leases), -sched.score(opt, request, weights)[0], opt.idx)
+        key = (value, len(leases), -sched.value(opt, request, weights), opt.idx)
         if best is None or key < best[0]:
             best = (key, opt)
     return best[1] if best else None
