@@ -21,6 +21,18 @@ def _may_watch_node(user, node_id) -> bool:
         return False
 
 
+def _lease_gpu(user, lease_id) -> tuple[str, str] | None:
+    """(node id, GPU uuid) of the user's own lease, or None: a buyer watches only its lease's GPU."""
+    from marketplace.models import Lease
+
+    try:
+        row = (Lease.objects.filter(pk=lease_id, buyer=user)
+               .values_list("slice__gpu__node_id", "slice__gpu__uuid").first())
+    except Exception:  # not a UUID: the same answer as not found
+        return None
+    return (str(row[0]), row[1]) if row else None
+
+
 class ConsoleConsumer(AsyncWebsocketConsumer):
     async def connect(self):
         user = self.scope.get("user")
@@ -28,6 +40,8 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
             await self.close(code=4401)
             return
         self.groups_joined: set[str] = set()
+        # node id -> GPU uuids this socket may see there; None = the whole node (its provider, or staff).
+        self.visible: dict[str, set[str] | None] = {}
         await self.accept()
         RELAY.ensure_running()  # events written by worker/beat reach this socket (embedded default)
         # Every socket of a user hears that user's market events (lease running, balance low, interruption).
@@ -43,24 +57,53 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
     async def receive(self, text_data=None, bytes_data=None):
         try:
             message = json.loads(text_data or "")
-            node_id = message["subscribe"]["node"]
-        except (ValueError, KeyError, TypeError):
-            await self.send(text_data=json.dumps({"type": "error", "message": 'send {"subscribe": {"node": ID}}'}))
+            target = message["subscribe"]
+            node_id, lease_id = target.get("node"), target.get("lease")
+            if (node_id is None) == (lease_id is None):
+                raise KeyError("node or lease")
+        except (ValueError, KeyError, TypeError, AttributeError):
+            await self.send(text_data=json.dumps(
+                {"type": "error", "message": 'send {"subscribe": {"node": ID}} or {"subscribe": {"lease": ID}}'}))
             return
-        if len(self.groups_joined) >= MAX_SUBSCRIPTIONS or not await database_sync_to_async(_may_watch_node)(
-                self.scope["user"], node_id):
-            await self.send(text_data=json.dumps({"type": "error", "message": f"cannot watch node {node_id}"}))
+        if len(self.groups_joined) >= MAX_SUBSCRIPTIONS:
+            await self.send(text_data=json.dumps({"type": "error", "message": "too many subscriptions"}))
             return
+        user = self.scope["user"]
+        if lease_id is not None:
+            found = await database_sync_to_async(_lease_gpu)(user, lease_id)
+            if found is None:
+                await self.send(text_data=json.dumps({"type": "error", "message": f"cannot watch lease {lease_id}"}))
+                return
+            node_id, gpu_uuid = found
+            if self.visible.get(node_id, set()) is not None:
+                self.visible.setdefault(node_id, set()).add(gpu_uuid)
+        else:
+            if not await database_sync_to_async(_may_watch_node)(user, node_id):
+                await self.send(text_data=json.dumps({"type": "error", "message": f"cannot watch node {node_id}"}))
+                return
+            node_id = str(node_id)
+            self.visible[node_id] = None
         group = node_group(node_id)
         await self.channel_layer.group_add(group, self.channel_name)
         self.groups_joined.add(group)
-        await self.send(text_data=json.dumps({"type": "subscribed", "node": str(node_id)}))
+        reply = {"type": "subscribed", "node": node_id}
+        if lease_id is not None:
+            reply["lease"] = str(lease_id)
+        await self.send(text_data=json.dumps(reply))
 
     async def node_metrics(self, message: dict):
+        gpus = message["gpus"]
+        allowed = self.visible.get(str(message["node"]), None)
+        if allowed is not None:  # a buyer's lease: only its GPU's readings
+            gpus = [g for g in gpus if g.get("uuid") in allowed]
+            if not gpus:
+                return
         await self.send(text_data=json.dumps({"type": "metrics", "node": message["node"], "ts": message["ts"],
-                                              "sent": message.get("sent"), "gpus": message["gpus"]}))
+                                              "sent": message.get("sent"), "gpus": gpus}))
 
     async def node_changed(self, message: dict):
+        if self.visible.get(str(message["node"]), None) is not None:
+            return  # a node's changes are its provider's business, not a lease holder's
         await self.send(text_data=json.dumps({"type": "changed", "node": message["node"], "change": message["change"]}))
 
     async def market_event(self, message: dict):

@@ -1,6 +1,13 @@
+"""Console forms: they parse and bound what people type; services check the domain rules."""
+from __future__ import annotations
+
 from decimal import Decimal
 
 from django import forms
+
+from marketplace.selectors.catalog import SORTS
+
+VERSION = r"^\d{1,3}(\.\d{1,3}){0,2}$"
 
 
 class NodeRegisterForm(forms.Form):
@@ -17,3 +24,127 @@ class ApiKeyForm(forms.Form):
 class ProjectForm(forms.Form):
     name = forms.CharField(label="Project name", max_length=80)
     description = forms.CharField(max_length=400, required=False)
+
+
+def model_choices(blank: str = "any model") -> list[tuple[str, str]]:
+    from scheduler.models import GpuModel
+
+    return [("", blank)] + [(m.key, m.name) for m in GpuModel.objects.order_by("name")]
+
+
+MODE_CHOICES = [("on_demand", "On demand"), ("reserved", "Reserved"), ("reserved_short_notice", "Reserved (< 1 h ahead)"),
+                ("spot", "Spot"), ("resale", "Resale")]
+SORT_CHOICES = [("price", "price, low first"), ("-pu_per_dollar", "PU per $, high first"),
+                ("-availability", "availability, most first"), ("-reliability", "reliability, best first"),
+                ("-memory_gb", "memory, most first"), ("-pu", "performance, most first")]
+assert {s.lstrip("-") for s, _ in SORT_CHOICES} <= SORTS
+
+
+class CatalogFilterForm(forms.Form):
+    """Every filter of the catalog selector (marketplace.selectors.catalog.Filters)."""
+
+    gpu_model = forms.ChoiceField(label="GPU model", required=False)
+    min_memory_gb = forms.FloatField(label="Min memory (GB)", min_value=0, max_value=1000, required=False)
+    min_cuda = forms.RegexField(VERSION, label="Min CUDA", required=False, error_messages={"invalid": "a version like 12.2"})
+    min_compute_capability = forms.RegexField(VERSION, label="Min compute capability", required=False,
+                                              error_messages={"invalid": "a version like 8.0"})
+    region = forms.CharField(max_length=40, required=False)
+    mode = forms.ChoiceField(label="Price mode", choices=MODE_CHOICES, required=False)
+    max_price = forms.DecimalField(label="Max $/h", min_value=0, max_digits=12, decimal_places=6, required=False)
+    min_reliability = forms.FloatField(label="Min reliability (0–1)", min_value=0, max_value=1, required=False)
+    min_pu_per_dollar = forms.FloatField(label="Min PU per $", min_value=0, required=False)
+    available = forms.BooleanField(label="Available now", required=False)
+    ordering = forms.ChoiceField(label="Sort by", choices=SORT_CHOICES, required=False)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["gpu_model"].choices = model_choices()
+
+
+ORDER_MODES = [("on_demand", "On demand — per second, stop any time"),
+               ("reserved", "Reserved — a booked window, paid now"),
+               ("spot", "Spot — cheapest, interruptible, capped by your bid"),
+               ("resale", "Resale — buy a listed window of someone's reservation")]
+
+
+class OrderForm(forms.Form):
+    """One form for the four modes; fields that a mode does not use are ignored for it."""
+
+    mode = forms.ChoiceField(choices=ORDER_MODES, widget=forms.RadioSelect, initial="on_demand")
+    gpu_model = forms.ChoiceField(label="GPU model", required=False)
+    memory_gb = forms.FloatField(label="Memory (GB)", min_value=0, max_value=1000, required=False, initial=10,
+                                 help_text="The smallest slice with at least this much memory is chosen.")
+    compute_slices = forms.IntegerField(label="Compute slices", min_value=1, max_value=8, required=False, initial=1)
+    whole_gpu = forms.BooleanField(label="Whole GPU", required=False)
+    region = forms.CharField(max_length=40, required=False, help_text="Empty: any region.")
+    duration_hours = forms.DecimalField(label="Duration (hours)", min_value=Decimal("0.01"), max_value=Decimal("2160"),
+                                        decimal_places=2, required=False, initial=Decimal("1"),
+                                        help_text="On demand and spot: the lease ends then (you can end it earlier).")
+    window_start = forms.DateTimeField(label="Window start (UTC)", required=False,
+                                       widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
+    window_end = forms.DateTimeField(label="Window end (UTC)", required=False,
+                                     widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
+    max_price_per_hour = forms.DecimalField(label="Max price per hour (USD)", min_value=Decimal("0"), max_digits=12,
+                                            decimal_places=6, required=False,
+                                            help_text="On demand: a cap. Spot: your bid (required).")
+    listing = forms.UUIDField(label="Resale listing", required=False, help_text="Pick one on the Resale page.")
+    if_unavailable = forms.ChoiceField(label="If nothing is free", choices=[("fail", "refuse at once"),
+                                                                           ("queue", "wait in the queue")],
+                                       initial="fail", required=False)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["gpu_model"].choices = model_choices()
+
+    def clean(self):
+        data = super().clean()
+        mode = data.get("mode")
+        if mode in ("on_demand", "spot") and not data.get("duration_hours") and not self.errors.get("duration_hours"):
+            self.add_error("duration_hours", "How long do you need it? Give a duration in hours.")
+        if mode == "reserved":
+            for name in ("window_start", "window_end"):
+                if not data.get(name) and not self.errors.get(name):
+                    self.add_error(name, "A reservation needs a window: pick its start and end.")
+        if mode == "spot" and not data.get("max_price_per_hour") and not self.errors.get("max_price_per_hour"):
+            self.add_error("max_price_per_hour", "A spot order needs a bid: the most you pay per hour.")
+        if mode == "resale" and not data.get("listing") and not self.errors.get("listing"):
+            self.add_error("listing", "Choose the listing to buy (see the Resale page).")
+        return data
+
+
+class ListForResaleForm(forms.Form):
+    starts_at = forms.DateTimeField(label="From (UTC)", widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
+    ends_at = forms.DateTimeField(label="Until (UTC)", widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
+    ask_per_hour = forms.DecimalField(label="Ask per hour (USD)", min_value=Decimal("0"), max_digits=12, decimal_places=6)
+
+
+class ResaleFilterForm(forms.Form):
+    gpu_model = forms.ChoiceField(label="GPU model", required=False)
+    region = forms.CharField(max_length=40, required=False)
+    profile = forms.CharField(max_length=30, required=False)
+    max_ask = forms.DecimalField(label="Max ask $/h", min_value=0, max_digits=12, decimal_places=6, required=False)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["gpu_model"].choices = model_choices()
+
+
+class TopUpForm(forms.Form):
+    amount = forms.DecimalField(label="Amount (USD)", min_value=Decimal("1.00"), max_value=Decimal("10000.00"),
+                                decimal_places=2, initial=Decimal("50.00"))
+
+
+class LedgerFilterForm(forms.Form):
+    kind = forms.ChoiceField(required=False, choices=[("", "all kinds"), ("topup", "top-ups"), ("usage", "usage"),
+                                                      ("reservation", "reservations"), ("resale", "resale"),
+                                                      ("refund", "refunds"), ("credit", "credits")])
+    since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    project = forms.TypedChoiceField(required=False, coerce=int, empty_value=None)
+
+    def __init__(self, *args, user=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        from marketplace.models import Project
+
+        self.fields["project"].choices = [("", "all projects")] + [
+            (p.pk, p.name) for p in Project.objects.filter(user=user).order_by("name")]

@@ -6,6 +6,25 @@ app_name = "console"
 
 urlpatterns = [
     path("", views.home, name="home"),
+    # buyer
+    path("catalog/", views.catalog, name="catalog"),
+    path("catalog/<str:key>/", views.unit_detail, name="unit"),
+    path("order/", views.order, name="order"),
+    path("order/preview/", views.order_preview, name="order-preview"),
+    path("orders/<uuid:order_id>/cancel/", views.order_cancel, name="order-cancel"),
+    path("leases/", views.leases, name="leases"),
+    path("leases/<uuid:lease_id>/", views.lease_detail, name="lease"),
+    path("leases/<uuid:lease_id>/facts/", views.lease_facts, name="lease-facts"),
+    path("leases/<uuid:lease_id>/end/", views.lease_end, name="lease-end"),
+    path("reservations/", views.reservations, name="reservations"),
+    path("reservations/<uuid:reservation_id>/list/", views.list_for_resale, name="list-for-resale"),
+    path("resale/", views.resale_market, name="resale"),
+    path("resale/<uuid:listing_id>/buy/", views.resale_buy, name="resale-buy"),
+    path("resale/<uuid:listing_id>/withdraw/", views.listing_cancel, name="listing-cancel"),
+    path("billing/", views.billing, name="billing"),
+    path("billing/balance/", views.balance_fragment, name="balance"),
+    path("billing/topup/", views.topup, name="topup"),
+    path("billing/statement.csv", views.statement_csv, name="statement-csv"),
     # provider
     path("nodes/", views.nodes, name="nodes"),
     path("nodes/register/", views.node_register, name="node-register"),

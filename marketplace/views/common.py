@@ -7,10 +7,11 @@ from scheduler.errors import DomainError
 
 
 def mark_invalid(form: forms.BaseForm) -> None:
-    """Point each invalid field at its message (aria-invalid, aria-describedby) for screen readers."""
+    """Mark each invalid field for screen readers. Django (5.x) renders aria-invalid and points
+    aria-describedby at "<id>_error" and "<id>_helptext", the ids templates/console/_field.html uses."""
     for name, field in form.fields.items():
         if form.errors.get(name):
-            field.widget.attrs.update({"aria-invalid": "true", "aria-describedby": f"{form[name].id_for_label}-error"})
+            field.widget.attrs["aria-invalid"] = "true"
 
 
 def add_domain_error(form: forms.BaseForm, exc: DomainError, *, fields: dict | None = None) -> None:

@@ -17,9 +17,8 @@ from ..forms import NodeRegisterForm
 from .common import add_domain_error, is_htmx, mark_invalid
 
 
-@login_required
 def home(request):
-    return redirect("console:nodes")
+    return redirect("console:catalog")
 
 
 @login_required

@@ -1,0 +1,86 @@
+"""My leases: each lease's state, connection facts, cost so far (ticking live), live charts of its GPU and
+interruption notices with a countdown. Ending a lease goes through marketplace.services.leases.lease_end."""
+from __future__ import annotations
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required
+from django.core.paginator import Paginator
+from django.http import Http404
+from django.shortcuts import redirect, render
+from django.utils import timezone
+from django.views.decorators.http import require_POST
+
+from marketplace.models import Lease, Order
+from marketplace.selectors import market as market_selectors
+from marketplace.services import leases as lease_services
+from marketplace.services import ledger
+from marketplace.services import orders as order_services
+from scheduler.errors import DomainError
+
+PAGE = 50
+
+
+def _lease_or_404(request, lease_id) -> Lease:
+    lease = market_selectors.lease_list(user=request.user).filter(pk=lease_id).first()
+    if lease is None:
+        raise Http404("no such lease among yours")
+    return lease
+
+
+def _row(lease: Lease) -> dict:
+    return {"lease": lease, "facts": lease_services.connection_facts(lease),
+            "interruption": getattr(lease, "interruption", None), "profile": lease.slice.profile or "whole",
+            "open": lease.state in Lease.OPEN_STATES}
+
+
+@login_required
+def leases(request):
+    qs = market_selectors.lease_list(user=request.user).order_by("-created_at")
+    state = request.GET.get("state")
+    if state == "open":
+        qs = qs.filter(state__in=Lease.OPEN_STATES)
+    elif state in Lease.State.values:
+        qs = qs.filter(state=state)
+    page = Paginator(qs, PAGE).get_page(request.GET.get("page"))
+    queued = market_selectors.order_list(user=request.user).filter(state=Order.State.QUEUED)
+    return render(request, "console/leases.html", {
+        "rows": [_row(lease) for lease in page], "page": page, "queued": queued, "state": state or "",
+        "states": Lease.State.choices, "balance": ledger.wallet_balance(user=request.user), "nav": "leases"})
+
+
+@login_required
+def lease_detail(request, lease_id):
+    lease = _lease_or_404(request, lease_id)
+    return render(request, "console/lease.html", {**_row(lease), "now": timezone.now(), "nav": "leases"})
+
+
+@login_required
+def lease_facts(request, lease_id):
+    """The lease's state, facts, cost and notice as a fragment (htmx refreshes it on the buyer's events)."""
+    lease = _lease_or_404(request, lease_id)
+    return render(request, "console/_lease_facts.html", {**_row(lease), "now": timezone.now()})
+
+
+@login_required
+@require_POST
+def lease_end(request, lease_id):
+    lease = _lease_or_404(request, lease_id)
+    try:
+        lease = lease_services.lease_end(lease_id=lease.pk, buyer=request.user)
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, "The lease is ending: billing stopped now; the slice is being destroyed.")
+    return redirect("console:lease", lease_id=lease.pk)
+
+
+@login_required
+@require_POST
+def order_cancel(request, order_id):
+    try:
+        order_services.order_cancel(buyer=request.user, order_id=order_id)
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, "The order is cancelled.")
+    return redirect("console:leases")

@@ -1,0 +1,91 @@
+// A lease's page: live charts of its GPU, cost ticking each second, interruption notices with a countdown.
+(function () {
+  "use strict";
+  const root = document.getElementById("charts");
+  if (!root) return;
+  const leaseId = root.dataset.lease;
+  const stateEl = document.getElementById("live-state");
+  const WINDOW = 120;
+  const metrics = {
+    util: (g) => g.util, mem: (g) => (g.mem_used_mib == null ? null : g.mem_used_mib / 1024),
+    temp: (g) => g.temp_c, power: (g) => g.power_w,
+  };
+  const times = [];
+  const series = { util: [], mem: [], temp: [], power: [] };
+  const charts = {};
+
+  function build() {
+    if (!window.uPlot) return;
+    for (const el of root.querySelectorAll(".chart")) {
+      const m = el.dataset.metric;
+      if (charts[m]) charts[m].destroy();
+      el.innerHTML = "";
+      charts[m] = new uPlot({ width: Math.max(260, el.clientWidth || 300), height: 170, legend: { show: false },
+        scales: { x: { time: true } }, axes: [{ stroke: "#64748b" }, { stroke: "#64748b", size: 48 }],
+        series: [{}, { label: m, stroke: "#2563eb", width: 1.5 }] }, [times, series[m]], el);
+    }
+  }
+  build();
+  window.addEventListener("resize", build);
+
+  function onMetrics(msg) {
+    const g = msg.gpus.find((x) => x.uuid === root.dataset.gpu) || msg.gpus[0];
+    if (!g) return;
+    times.push(msg.ts);
+    for (const m in metrics) series[m].push(metrics[m](g));
+    while (times.length && times[0] < msg.ts - WINDOW) { times.shift(); for (const m in metrics) series[m].shift(); }
+    for (const m in metrics) if (charts[m]) charts[m].setData([times, series[m]]);
+    root.dataset.samples = String(times.length);
+  }
+
+  function money(v, places) { return "$" + v.toFixed(places); }
+  function tick() {
+    const cost = document.getElementById("lease-cost");
+    if (cost && cost.dataset.running === "1" && cost.dataset.billedUntil) {
+      const secs = Math.max(0, Date.now() / 1000 - Number(cost.dataset.billedUntil));
+      const v = Number(cost.dataset.accrued) + Number(cost.dataset.price) * secs / 3600;
+      cost.textContent = money(v, 4);
+    }
+    for (const el of document.querySelectorAll(".countdown[data-deadline]")) {
+      const left = Math.max(0, Math.round(Number(el.dataset.deadline) - Date.now() / 1000));
+      el.textContent = Math.floor(left / 60) + " min " + String(left % 60).padStart(2, "0") + " s";
+    }
+  }
+  setInterval(tick, 1000);
+  tick();
+
+  function showNotice(ev) {
+    if (document.getElementById("interruption-notice")) return;
+    const box = document.createElement("div");
+    box.className = "card alert"; box.id = "interruption-notice"; box.setAttribute("role", "alert");
+    const deadline = Date.parse(ev.deadline) / 1000;
+    box.innerHTML = "<strong>Interruption notice:</strong> " + (ev.kind || "interrupted") +
+      ". This spot lease stops in <span class=\"countdown\" data-deadline=\"" + deadline + "\"></span>.";
+    const facts = document.getElementById("lease-facts");
+    facts.parentNode.insertBefore(box, facts);
+    tick();
+  }
+
+  let retry = 500;
+  function connect() {
+    const ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws/console/");
+    ws.onopen = () => { retry = 500; ws.send(JSON.stringify({ subscribe: { lease: leaseId } })); };
+    ws.onmessage = (e) => {
+      const msg = JSON.parse(e.data);
+      if (msg.type === "subscribed") {
+        stateEl.textContent = "live";
+        document.body.dispatchEvent(new Event("lease-changed")); // anything missed before the socket opened
+      } else if (msg.type === "metrics") onMetrics(msg);
+      else if (msg.type === "market" && msg.event && msg.event.lease === leaseId) {
+        if (msg.event.type === "interruption") showNotice(msg.event);
+        document.body.dispatchEvent(new Event("lease-changed"));
+      } else if (msg.type === "error") stateEl.textContent = msg.message;
+    };
+    ws.onclose = () => {
+      stateEl.textContent = "reconnecting…";
+      setTimeout(connect, retry + Math.random() * retry);
+      retry = Math.min(retry * 2, 15000);
+    };
+  }
+  connect();
+})();
