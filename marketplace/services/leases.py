@@ -71,6 +71,7 @@ def on_slice_ready(*, sl: Slice, at: datetime) -> None:
 def on_slice_failed(*, sl: Slice, at: datetime, reason: str) -> None:
     """slice_failed: the capacity is free again; the lease failed, anything charged for it is refunded and a
     queue-or-fail order goes back to the queue."""
+    # Lock the lease: the race is the buyer ending it while the agent's failure arrives.
     lease = Lease.objects.select_for_update().filter(slice=sl, state__in=Lease.OPEN_STATES).first()
     if lease is None:
         return
@@ -79,6 +80,7 @@ def on_slice_failed(*, sl: Slice, at: datetime, reason: str) -> None:
     for txn in LedgerTransaction.objects.filter(lease_id=lease.pk, kind="usage"):
         ledger.refund(original=txn, idempotency_key=f"refund:{txn.pk}", memo=f"provisioning failed: {reason}"[:400])
     if lease.order_id and lease.mode in (Mode.ON_DEMAND, Mode.SPOT):
+        # Lock the order: the race is the buyer cancelling it while it goes back to the queue.
         order = Order.objects.select_for_update().get(pk=lease.order_id)
         requeue = order.if_unavailable == Order.IfUnavailable.QUEUE
         order.state = Order.State.QUEUED if requeue else Order.State.FAILED
@@ -88,6 +90,7 @@ def on_slice_failed(*, sl: Slice, at: datetime, reason: str) -> None:
 
 
 def on_slice_destroyed(*, sl: Slice, at: datetime) -> None:
+    # Lock the lease: the race is a second destroy confirmation or the beat ending it at the same time.
     lease = Lease.objects.select_for_update().filter(slice=sl, state__in=Lease.OPEN_STATES).first()
     if lease is None:
         return
