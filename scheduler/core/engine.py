@@ -266,13 +266,16 @@ class Scheduler:
                 passing.add(key)
         if passing:
             last = [f for f in self.filters if f.name in per_node]
+            # filters that read no node field answer alike for every node with the same free GPUs
+            by_free_only = all(f.node_fields == () for f in last)
+            answers: dict[tuple, str | None] = {}
             for cls in {c for c, _ in passing}:
                 for free, node_ids in pool.free_nodes.get(cls, {}).items():
                     here = [sig for sig in free if (cls, sig) in passing]
                     if not here:
                         continue
                     node = pool.nodes[next(iter(node_ids))]
-                    seen: dict[tuple, str | None] = {}
+                    seen = answers.setdefault(free, {}) if by_free_only else {}
                     for sig in here:
                         if sig not in seen:
                             gpu = next(r.gpu for r in pool.by_node[node.id]
