@@ -96,7 +96,7 @@ def best_offer(form: OrderForm, *, price_key: str):
     else:
         fits = [o for o in offers if o.profile != "whole" and _compute_of(o.profile) >= compute]
     # The scheduler takes the smallest slice that fits; among those, the cheapest with room now.
-    fits.sort(key=lambda o: (o.availability <= 0, o.memory_gb, o.price(price_key) or 0))
+    fits.sort(key=lambda o: (o.availability <= 0, o.memory_gb, o.price(price_key) or 0, "+me" in o.profile))
     return fits[0] if fits else None
 
 

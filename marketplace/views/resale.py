@@ -54,8 +54,9 @@ def _page(request, *, forms=None, status=200):
         rows.append({"r": r, "cap": resale_services.resale_cap(reservation=r) if r.state in Reservation.LIVE_STATES
                      else None, "form": form, "listings": list(r.listings.all()),
                      "listable": r.state in Reservation.LIVE_STATES and r.ends_at > now})
+    mine = market_selectors.listing_list(include_closed=True).filter(seller=request.user).order_by("-created_at")[:100]
     return render(request, "console/reservations.html", {
-        "rows": rows, "calendar": _calendar(reservations, now), "nav": "reservations",
+        "rows": rows, "my_listings": mine, "calendar": _calendar(reservations, now), "nav": "reservations",
         "balance": ledger.wallet_balance(user=request.user)}, status=status)
 
 
