@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.contrib.auth import get_user_model
 
 from marketplace.models import ApiKey
 
@@ -9,6 +10,16 @@ class ApiKeyAdmin(admin.ModelAdmin):
     list_filter = ["revoked_at"]
     search_fields = ["name", "prefix", "user__username"]
     readonly_fields = ["prefix", "key_hash", "created_at", "last_used_at"]
+    actions = ["revoke"]
+
+    @admin.action(description="Revoke the selected API keys")
+    def revoke(self, request, queryset):
+        from marketplace.services.apikeys import api_key_revoke
+
+        keys = list(queryset.filter(revoked_at__isnull=True).values_list("pk", "user_id"))
+        for pk, user_id in keys:
+            api_key_revoke(user=get_user_model()(pk=user_id), key_id=pk)
+        self.message_user(request, f"{len(keys)} key(s) revoked.")
 
 
 # --- Money: the ledger is append-only, so its admin is read-only; payments can be refunded. -------------
@@ -191,7 +202,23 @@ class ResaleListingAdmin(admin.ModelAdmin):
     list_display = ["id", "seller", "gpu_model", "profile", "region", "starts_at", "ends_at", "ask_per_hour",
                     "state", "buyer", "fee"]
     list_filter = ["state", "gpu_model", "region"]
+    search_fields = ["id", "seller__username", "buyer__username"]
+    list_select_related = ["seller", "buyer"]
     readonly_fields = [f.name for f in ResaleListing._meta.fields]
+    actions = ["withdraw"]
+
+    @admin.action(description="Withdraw the selected open listings")
+    def withdraw(self, request, queryset):
+        from marketplace.services.resale import listing_cancel
+
+        done = 0
+        for listing in queryset.filter(state=ResaleListing.State.OPEN).select_related("seller"):
+            try:
+                listing_cancel(seller=listing.seller, listing_id=listing.pk)
+                done += 1
+            except DomainError as exc:
+                self.message_user(request, f"{listing.pk}: {exc.message}", level=messages.ERROR)
+        self.message_user(request, f"{done} listing(s) withdrawn.")
 
 
 @admin.register(Interruption)

@@ -355,3 +355,37 @@ def test_a_provider_cordons_and_uncordons_a_gpu_and_drains_a_node_but_not_someon
     assert client.post(f"/nodes/{node.pk}/gpus/{their_gpu.pk}/health/", {"action": "cordon"}).status_code == 404
     their_gpu.refresh_from_db(), other.refresh_from_db()
     assert their_gpu.health == "healthy" and other.status == "online"
+
+
+def test_a_provider_sees_earnings_over_time_from_metered_usage(client, fleet):
+    from marketplace.services import metering
+
+    prov = UserFactory(username="earner")
+    fleet.node("h100-80gb:1", provider=prov)
+    buyer = UserFactory()
+    top_up(buyer, "100")
+    lease = on_demand(fleet, buyer)
+    metering.meter_tick(now=lease.started_at + timedelta(seconds=600))
+    client.force_login(prov)
+    html = client.get("/nodes/").content.decode()
+    month = timezone.now().strftime("%Y-%m")
+    assert 'id="earnings-chart"' in html and month in html
+    bar = re.search(rf'{month}</span>.*?<span class="num">\$([0-9.]+)</span>', html, re.S).group(1)
+    assert Decimal(bar) > 0  # 10 min of 0.5143/h less the 10% fee
+
+
+def test_operators_revoke_keys_and_withdraw_listings_from_the_admin(client, fleet):
+    staff = UserFactory(username="op", is_staff=True, is_superuser=True)
+    user = UserFactory()
+    key, secret = apikeys.api_key_create(user=user, name="k")
+    client.force_login(staff)
+    r = client.post("/admin/marketplace/apikey/", {"action": "revoke", "_selected_action": [str(key.pk)]})
+    assert r.status_code == 302 and apikeys.api_key_user(secret=secret) is None
+    fleet.node("a100-80gb:1", price="2.00")
+    top_up(user, "100")
+    res = reserve(user)
+    listing = resale.listing_create(seller=user, reservation_id=res.pk, starts_at=res.starts_at,
+                                    ends_at=res.ends_at, ask_per_hour=Decimal("0.3"))
+    client.post("/admin/marketplace/resalelisting/", {"action": "withdraw", "_selected_action": [str(listing.pk)]})
+    listing.refresh_from_db()
+    assert listing.state == "cancelled"
