@@ -91,6 +91,9 @@ class OrderForm(forms.Form):
     if_unavailable = forms.ChoiceField(label="If nothing is free", choices=[("fail", "refuse at once"),
                                                                            ("queue", "wait in the queue")],
                                        initial="fail", required=False)
+    webhook_url = forms.URLField(label="Notification webhook (optional)", max_length=300, required=False,
+                                 assume_scheme="https",
+                                 help_text="Interruption notices are POSTed here as JSON, besides this console.")
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)

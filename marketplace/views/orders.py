@@ -28,7 +28,7 @@ from .common import add_domain_error, is_htmx, mark_invalid
 FIELDS = {"gpu_models": "gpu_model", "regions": "region", "duration_seconds": "duration_hours",
           "listing": "listing", "window_start": "window_start", "window_end": "window_end",
           "max_price_per_hour": "max_price_per_hour", "memory_gb": "memory_gb", "compute_slices": "compute_slices",
-          "mode": "mode", "if_unavailable": "if_unavailable", "starts_at": "listing"}
+          "mode": "mode", "if_unavailable": "if_unavailable", "starts_at": "listing", "webhook_url": "webhook_url"}
 CALENDAR_DAYS = 7
 
 
@@ -160,6 +160,7 @@ def _spec(form: OrderForm) -> order_services.OrderSpec:
         window_start=d.get("window_start") if mode == Mode.RESERVED else None,
         window_end=d.get("window_end") if mode == Mode.RESERVED else None,
         max_price_per_hour=d.get("max_price_per_hour"), if_unavailable=d.get("if_unavailable") or "fail",
+        webhook_url=d.get("webhook_url") or "",
         listing_id=d.get("listing") if mode == Mode.RESALE else None)
 
 

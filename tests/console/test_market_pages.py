@@ -129,11 +129,12 @@ def test_ordering_on_demand_without_javascript_opens_a_lease_and_shows_its_page(
 def test_a_bad_order_shows_each_error_beside_its_field_and_keeps_what_was_typed(client, fleet, buyer):
     fleet.node("h100-80gb:1")
     r = client.post("/order/", {"mode": "spot", "gpu_model": "h100-80gb", "memory_gb": "-3", "region": "mars-1",
-                                "duration_hours": "", "if_unavailable": "fail"})
+                                "duration_hours": "", "if_unavailable": "fail", "webhook_url": "not a url"})
     html = r.content.decode()
     assert r.status_code == 400
     assert 'id="id_memory_gb_error"' in html and "greater than or equal to 0" in html
     assert 'id="id_duration_hours_error"' in html and 'id="id_max_price_per_hour_error"' in html
+    assert 'id="id_webhook_url_error"' in html and 'value="not a url"' in html
     assert 'value="-3"' in html and 'value="mars-1"' in html
     assert re.search(r'value="spot"[^>]* checked', html)
     assert Order.objects.count() == 0
