@@ -46,14 +46,17 @@ def commands_open_for(*, node_id) -> list[dict]:
 
 
 def command_complete(*, node_id, frame: dict) -> AgentCommand | None:
-    """Apply an agent's result (validated). Only this node's open commands can be completed; a result
-    for another node's command, an unknown id or a repeat changes nothing and returns None."""
+    """Apply an agent's result (validated). Only this node's open (or timed-out) commands can be completed;
+    a result for another node's command, an unknown id or a repeat changes nothing and returns None."""
     now = timezone.now()
     with transaction.atomic():
         # The row lock serialises a late duplicate result against the first one and against the timeout
         # sweeper, so a command's effect is applied exactly once.
+        # A timed-out command still takes its first late result: a create the agent finished after the
+        # deadline made an instance nobody tracks, and only its result can tell us to destroy it.
         cmd = (AgentCommand.objects.select_for_update()
-               .filter(pk=_uuid_or_none(frame["id"]), node_id=node_id, state__in=AgentCommand.OPEN_STATES)
+               .filter(pk=_uuid_or_none(frame["id"]), node_id=node_id,
+                       state__in=(*AgentCommand.OPEN_STATES, AgentCommand.State.TIMED_OUT))
                .first())
         if cmd is None:
             return None

@@ -11,8 +11,8 @@ from django.utils import timezone
 from scheduler.core import gpus as core_gpus
 from scheduler.core import mig as core_mig
 from scheduler.errors import Conflict, DomainError, PermissionDenied
-from scheduler.models import Gpu, GpuModel, HealthEvent, Node, Slice
-from scheduler.signals import node_offline
+from scheduler.models import AgentCommand, Gpu, GpuModel, HealthEvent, Node, Slice
+from scheduler.signals import node_offline, slice_destroyed
 
 from .events import announce_node
 from .tokens import token_hash, token_new
@@ -131,6 +131,8 @@ def _geometry_of(g: dict) -> core_mig.MigGeometry | None:
 
 def _reconcile_instances(*, gpu: Gpu, geometry, reported: list[dict], now: datetime) -> None:
     """Make the server's slices agree with the instances the agent found on the GPU."""
+    from .slices import slice_destroy_command
+
     seen = {i["uuid"]: i for i in reported}
     active = Slice.objects.filter(gpu=gpu, state__in=Slice.ACTIVE_STATES)
     for sl in active:
@@ -138,6 +140,14 @@ def _reconcile_instances(*, gpu: Gpu, geometry, reported: list[dict], now: datet
             sl.state, sl.ended_at = Slice.State.FAILED, now
             sl.error = "instance not reported by the agent after reconnecting"
             sl.save(update_fields=["state", "ended_at", "error"])
+        elif sl.state == Slice.State.DESTROYING and sl.instance_uuid:
+            # A destroy that timed out (the node was away) left the slice holding its memory slices.
+            if sl.instance_uuid not in seen:
+                sl.state, sl.ended_at = Slice.State.DESTROYED, now
+                sl.save(update_fields=["state", "ended_at"])
+                slice_destroyed.send(sender=Slice, slice=sl, at=now)
+            elif not sl.commands.filter(op="destroy_instance", state__in=AgentCommand.OPEN_STATES).exists():
+                slice_destroy_command(sl)
     known = set(active.exclude(instance_uuid="").values_list("instance_uuid", flat=True))
     for uuid, inst in seen.items():
         if uuid in known or geometry is None or not geometry.has_profile(inst["profile"]):

@@ -94,8 +94,7 @@ def slice_destroy(*, slice_id) -> Slice:
         if sl.instance_uuid and sl.profile:
             sl.state = Slice.State.DESTROYING
             sl.save(update_fields=["state"])
-            command_issue(node=sl.gpu.node, op="destroy_instance", slice=sl,
-                          args={"gpu_uuid": sl.gpu.uuid, "instance_uuid": sl.instance_uuid})
+            slice_destroy_command(sl)
         else:
             # Nothing carved (a whole non-MIG GPU, or creation still pending): released at once. A
             # still-pending create is answered later; its result then destroys the orphan instance.
@@ -128,11 +127,24 @@ def slice_command_finished(*, command: AgentCommand, at: datetime) -> None:
             sl.save()
             slice_failed.send(sender=Slice, slice=sl, at=at, reason=sl.error)
     elif command.op == "destroy_instance":
+        if sl.state != Slice.State.DESTROYING:
+            return  # settled already (a late result of a destroy that was retried)
         # not_found means the instance is already gone: the capacity is free either way.
         if ok or command.error_code == "not_found":
             sl.state, sl.ended_at = Slice.State.DESTROYED, at
             sl.save()
             slice_destroyed.send(sender=Slice, slice=sl, at=at)
-        else:
-            sl.error = f"destroy failed: {command.error_code}: {command.error_message}"[:300]
-            sl.save()
+            return
+        sl.error = f"destroy failed: {command.error_code}: {command.error_message}"[:300]
+        sl.save()
+        # The slice keeps its memory slices until the instance is known to be gone. A timeout on a node
+        # that is up is retried now; on an offline node the agent's next hello settles it (nodes.py).
+        if command.state == AgentCommand.State.TIMED_OUT and sl.gpu.node.status in (
+                Node.Status.ONLINE, Node.Status.DRAINING):
+            slice_destroy_command(sl)
+
+
+def slice_destroy_command(sl: Slice) -> AgentCommand:
+    """Ask the agent (again) to destroy a DESTROYING slice's instance."""
+    return command_issue(node=sl.gpu.node, op="destroy_instance", slice=sl,
+                         args={"gpu_uuid": sl.gpu.uuid, "instance_uuid": sl.instance_uuid})

@@ -216,3 +216,65 @@ def test_cordon_and_uncordon_are_idempotent_and_logged():
     assert not health_services.gpu_uncordon(gpu_id=gpu.pk)
     assert list(HealthEvent.objects.filter(gpu=gpu).order_by("created_at").values_list("kind", flat=True)) == [
         "cordon", "uncordon"]
+
+
+def _ready_slice(node, profile="2g.20gb", start=2, instance_uuid="MIG-abc"):
+    gpu = node.gpus.get(index=0)
+    sl = slice_services.slice_create(gpu_id=gpu.pk, profile=profile, start=start)
+    command_services.command_complete(node_id=node.pk, frame=_result(AgentCommand.objects.get(slice=sl),
+                                                                     instance_uuid=instance_uuid))
+    sl.refresh_from_db()
+    assert sl.state == Slice.State.READY
+    return sl
+
+
+def test_a_destroy_that_times_out_on_a_live_node_is_sent_again_until_the_agent_confirms():
+    node = online_node()
+    sl = _ready_slice(node)
+    slice_services.slice_destroy(slice_id=sl.pk)
+    assert command_services.commands_expire(now=timezone.now() + timedelta(hours=1)) == 1
+    retry = AgentCommand.objects.get(slice=sl, op="destroy_instance", state=AgentCommand.State.PENDING)
+    assert retry.args == {"gpu_uuid": sl.gpu.uuid, "instance_uuid": "MIG-abc"}
+    command_services.command_complete(node_id=node.pk, frame=_result(retry, ok=True))
+    sl.refresh_from_db()
+    assert sl.state == Slice.State.DESTROYED
+
+
+def test_a_slice_left_destroying_while_its_node_was_offline_is_settled_when_the_agent_says_hello_again():
+    node, token = node_with_token()
+    backend = sim_backend("a100-80gb:1", hostname="d")
+    node_services.node_hello(node_id=node.pk, frame=hello_from(backend))
+    gpu = node.gpus.get()
+    made = [backend.create_instance(gpu.uuid, "3g.40gb", s) for s in (0, 4)]
+    gone, still_there = (_ready_slice(node, "3g.40gb", s, m["instance_uuid"]) for s, m in zip((0, 4), made))
+    Node.objects.filter(pk=node.pk).update(status=Node.Status.OFFLINE)
+    for sl in (gone, still_there):
+        slice_services.slice_destroy(slice_id=sl.pk)
+    command_services.commands_expire(now=timezone.now() + timedelta(hours=1))
+    assert not AgentCommand.objects.filter(state__in=AgentCommand.OPEN_STATES).exists()  # nothing to send to
+    backend.destroy_instance(gpu.uuid, made[0]["instance_uuid"])  # the host removed one meanwhile
+    node_services.node_hello(node_id=node.pk, frame=hello_from(backend))
+    gone.refresh_from_db()
+    still_there.refresh_from_db()
+    assert gone.state == Slice.State.DESTROYED  # its memory slices are free again
+    assert still_there.state == Slice.State.DESTROYING
+    again = AgentCommand.objects.get(slice=still_there, state=AgentCommand.State.PENDING)
+    assert again.op == "destroy_instance" and again.args["instance_uuid"] == made[1]["instance_uuid"]
+    # A second hello does not pile up another destroy while one is open.
+    node_services.node_hello(node_id=node.pk, frame=hello_from(backend))
+    assert AgentCommand.objects.filter(slice=still_there, state=AgentCommand.State.PENDING).count() == 1
+
+
+def test_a_create_result_arriving_after_the_timeout_destroys_the_orphan_instance_once():
+    node = online_node()
+    gpu = node.gpus.get(index=0)
+    sl = slice_services.slice_create(gpu_id=gpu.pk, profile="1g.10gb", start=3)
+    cmd = AgentCommand.objects.get(slice=sl)
+    command_services.commands_expire(now=timezone.now() + timedelta(hours=1))
+    sl.refresh_from_db()
+    assert sl.state == Slice.State.FAILED
+    late = _result(cmd, instance_uuid="MIG-late")
+    command_services.command_complete(node_id=node.pk, frame=late)
+    command_services.command_complete(node_id=node.pk, frame=late)  # a repeat changes nothing more
+    destroys = AgentCommand.objects.filter(node=node, op="destroy_instance")
+    assert [d.args["instance_uuid"] for d in destroys] == ["MIG-late"]
