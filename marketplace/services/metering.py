@@ -34,6 +34,10 @@ def meter_settle(*, lease: Lease, now: datetime) -> Decimal:
     and could not be charged (non-zero only when the wallet ran dry: the caller stops the lease)."""
     if not lease.metered or lease.billed_until is None:
         return Decimal("0")
+    if lease.ends_at is not None:
+        # A lease's duration (or an interruption's deadline) ends its billing even if the beat that stops
+        # it runs after the meter's: the seconds past ends_at are not the buyer's to pay.
+        now = min(now, lease.ends_at)
     seconds = int((now - lease.billed_until).total_seconds())
     if seconds <= 0:
         return Decimal("0")

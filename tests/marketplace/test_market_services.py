@@ -304,3 +304,22 @@ def test_a_spot_bid_above_the_on_demand_price_is_refused(fleet):
     with pytest.raises(DomainError, match="on-demand price") as err:
         orders.order_place(buyer=buyer, spec=OrderSpec(mode="spot", max_price_per_hour=Decimal("1.81")))
     assert err.value.field == "max_price_per_hour" and not Order.objects.exists()
+
+
+def test_a_lease_with_a_duration_is_never_billed_past_its_end_whichever_beat_runs_first(fleet):
+    fleet.node("l4:1", price="3.60")  # on demand 6.48/h
+    buyer = UserFactory()
+    top_up(buyer, "10")
+    lease = running_lease(fleet, buyer, whole_gpu=True, duration_seconds=600)
+    t0 = lease.billed_until
+    billable = int((lease.ends_at - t0).total_seconds())  # the duration counts from the order
+    # The meter's beat runs before the lease tick that ends it: the seconds after ends_at are not the buyer's.
+    metering.meter_tick(now=t0 + timedelta(seconds=700))
+    leases.leases_tick(now=t0 + timedelta(seconds=700))
+    fleet.play()
+    lease.refresh_from_db()
+    assert lease.state == Lease.State.ENDED
+    assert lease.cost_charged == (Decimal("6.48") * billable / 3600).quantize(Decimal("0.000001"))
+    assert sum(u.seconds for u in UsageRecord.objects.filter(lease_id=lease.pk)) == billable
+    assert wallet(buyer) == Decimal("10") - lease.cost_charged and ledger.ledger_check() == []
+
