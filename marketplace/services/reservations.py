@@ -156,12 +156,15 @@ def _finish(reservation_id, now: datetime) -> None:
 def _refund_undelivered(r: Reservation) -> None:
     """The platform never delivered the window (node offline throughout): the holder gets its price back,
     from the provider where the booking charge can be reversed, else as a platform credit."""
+    # Walk up to the piece that was paid for: the original booking (its holder's charge is reversed), or
+    # a window bought on resale (then the price is credited). Walking past a bought piece to the first
+    # booking would refund the first seller for a window that a later buyer paid for.
     root = r
-    while root.parent_id is not None:
+    while root.parent_id is not None and not hasattr(root, "bought_from"):
         root = root.parent
     original = LedgerTransaction.objects.filter(idempotency_key=f"reservation:{root.pk}").first()
     key = f"reservation-refund:{r.pk}"
-    if original is not None and not hasattr(r, "bought_from"):
+    if original is not None and not hasattr(root, "bought_from"):
         ledger.refund(original=original, idempotency_key=key, amount=r.price_total,
                       memo=f"reservation {str(r.pk)[:8]} was not delivered")
     else:

@@ -323,3 +323,30 @@ def test_a_lease_with_a_duration_is_never_billed_past_its_end_whichever_beat_run
     assert sum(u.seconds for u in UsageRecord.objects.filter(lease_id=lease.pk)) == billable
     assert wallet(buyer) == Decimal("10") - lease.cost_charged and ledger.ledger_check() == []
 
+
+def test_an_undelivered_window_bought_and_partly_resold_refunds_its_holder_not_the_first_seller(fleet, settings):
+    settings.PLATFORM_FEE_RATE = Decimal("0.10")
+    node = fleet.node("l4:1", price="1.00")
+    a, b, c = UserFactory(), UserFactory(), UserFactory()
+    for u in (a, b, c):
+        top_up(u, "100")
+    start = timezone.now() + timedelta(hours=2)
+    orders.order_place(buyer=a, spec=OrderSpec(mode="reserved", window_start=start,
+                                               window_end=start + timedelta(hours=4)))
+    first = resale.listing_create(seller=a, reservation_id=Reservation.objects.get(holder=a).pk,
+                                  starts_at=start + timedelta(hours=2), ends_at=start + timedelta(hours=4),
+                                  ask_per_hour=Decimal("1.00"))
+    b_piece = resale.listing_purchase(buyer=b, listing_id=first.pk).reservation
+    second = resale.listing_create(seller=b, reservation_id=b_piece.pk, starts_at=start + timedelta(hours=3),
+                                   ends_at=start + timedelta(hours=4), ask_per_hour=Decimal("1.00"))
+    resale.listing_purchase(buyer=c, listing_id=second.pk)
+    b_left = Reservation.objects.get(holder=b, state=Reservation.State.BOOKED)
+    assert b_left.price_total == Decimal("1.00")
+    # The node is gone for the whole window: nothing is delivered, each holder gets its own piece back.
+    node.status = "offline"
+    node.save(update_fields=["status"])
+    wallets = {u: wallet(u) for u in (a, b, c)}
+    leases.leases_tick(now=start + timedelta(hours=4, seconds=1))
+    assert wallet(b) - wallets[b] == Decimal("1.00")
+    assert wallet(a) - wallets[a] == Reservation.objects.get(holder=a, state=Reservation.State.REFUNDED).price_total
+    assert wallet(c) - wallets[c] == Decimal("1.00") and ledger.ledger_check() == []
