@@ -102,6 +102,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_BAD_FRAME)
 
     async def _hello(self, frame: dict) -> None:
+        # Join the node's agent group before reading its open commands: a command committed in between
+        # would otherwise be sent to an empty group and wait for the next reconnect. Channel messages are
+        # handled after this frame, so they still follow the welcome; one sent both ways is answered once.
+        await self.channel_layer.group_add(agent_group(self.node_id), self.channel_name)
         try:
             state = await database_sync_to_async(_apply_hello)(self.node_id, frame)
         except DomainError as exc:
@@ -111,7 +115,6 @@ class AgentConsumer(AsyncWebsocketConsumer):
         self.gpu_ids, self.cordoned, open_commands = state
         self.last_dbe.clear()
         self.ready = True
-        await self.channel_layer.group_add(agent_group(self.node_id), self.channel_name)
         await self.send(text_data=protocol.encode(protocol.welcome(
             node_id=str(self.node_id), metrics_interval=settings.FLEET["METRICS_INTERVAL_SECONDS"],
             heartbeat_timeout=settings.FLEET["HEARTBEAT_TIMEOUT_SECONDS"])))
@@ -147,6 +150,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
 
     # --- messages from the channel layer ------------------------------------------------------------
     async def agent_command(self, message: dict) -> None:
+        if not self.ready:
+            return  # a hello that was refused: the command stays open for the agent's next session
         frame = message["frame"]
         await self.send(text_data=protocol.encode(frame))
         await database_sync_to_async(command_services.commands_mark_sent)(

@@ -280,3 +280,29 @@ async def test_a_health_threshold_crossing_cordons_the_gpu(fault, reason):
     assert gpu.health == Gpu.Health.CORDONED and reason in gpu.health_reason
     assert await sync_to_async(HealthEvent.objects.filter(gpu=gpu, kind="cordon").count)() == 1
     await comm.disconnect()
+
+
+async def test_a_command_issued_while_the_hello_is_being_applied_still_reaches_the_agent(monkeypatch):
+    from scheduler.services import commands as command_services
+
+    node, token = await sync_to_async(node_with_token)()
+    backend = sim_backend("a100-80gb:1", hostname="race")
+    await sync_to_async(lambda: __import__("scheduler.services.nodes", fromlist=["x"]).node_hello(
+        node_id=node.pk, frame=hello_from(backend)))()
+    gpu = await sync_to_async(lambda: Gpu.objects.get(node=node))()
+    real_open_for = command_services.commands_open_for
+    issued = []
+
+    def open_for_then_a_new_command_commits(*, node_id):
+        frames = real_open_for(node_id=node_id)
+        # The race: an order carves a slice after the open commands were read, before the socket is
+        # in the node's agent group; its after-commit send must not go to an empty group.
+        issued.append(slice_services.slice_create(gpu_id=gpu.pk, profile="1g.10gb", start=0))
+        return frames
+
+    monkeypatch.setattr(command_services, "commands_open_for", open_for_then_a_new_command_commits)
+    comm = await connect_agent(token, backend)
+    cmd = json.loads(await comm.receive_from(timeout=5))
+    assert cmd["type"] == "command" and cmd["op"] == "create_instance"
+    assert await sync_to_async(lambda: str(AgentCommand.objects.get(slice=issued[0]).pk))() == cmd["id"]
+    await comm.disconnect()
