@@ -41,6 +41,12 @@ E_INTERNAL = "internal"
 
 MAX_FRAME_BYTES = 1 << 20
 MAX_GPUS_PER_NODE = 64
+# What the server's columns hold: a value past these would fail the write of a whole batch (every node's
+# metrics in one flush), so the frame is refused instead.
+MAX_UUID_CHARS = 80
+MAX_PROFILE_CHARS = 30
+MAX_MEMORY_MIB = 2**31 - 1
+MAX_COUNTER = 2**63 - 1
 
 
 class ProtocolError(ValueError):
@@ -140,6 +146,21 @@ def _num(d: dict, key: str, where: str, *, lo: float | None = None, hi: float | 
     return val
 
 
+def _str(d: dict, key: str, where: str, *, max_chars: int) -> str:
+    val = _req(d, key, str, where)
+    if len(val) > max_chars:
+        raise ProtocolError(f"{where}: {key!r} is longer than {max_chars} characters")
+    return val
+
+
+def _counter(d: dict, key: str, where: str) -> None:
+    val = d.get(key)
+    if val is None:
+        return
+    if isinstance(val, bool) or not isinstance(val, int) or not 0 <= val <= MAX_COUNTER:
+        raise ProtocolError(f"{where}: {key!r} must be an integer count in [0, {MAX_COUNTER}]")
+
+
 def validate_hello(frame: dict) -> dict:
     w = "hello"
     for key in ("hostname", "agent_version", "backend", "driver_version", "cuda_version"):
@@ -152,13 +173,13 @@ def validate_hello(frame: dict) -> dict:
         gw = f"hello.gpus[{i}]"
         if not isinstance(g, dict):
             raise ProtocolError(f"{gw}: must be an object")
-        uuid = _req(g, "uuid", str, gw)
+        uuid = _str(g, "uuid", gw, max_chars=MAX_UUID_CHARS)
         if not uuid or uuid in seen:
             raise ProtocolError(f"{gw}: uuid empty or repeated")
         seen.add(uuid)
         _num(g, "index", gw, lo=0, hi=MAX_GPUS_PER_NODE)
         _req(g, "name", str, gw)
-        _num(g, "memory_mib", gw, lo=0)
+        _num(g, "memory_mib", gw, lo=0, hi=MAX_MEMORY_MIB)
         _req(g, "mig_enabled", bool, gw)
         if g.get("model") is not None:
             _req(g, "model", str, gw)
@@ -183,8 +204,8 @@ def validate_hello(frame: dict) -> dict:
             iw = f"{gw}.instances[{j}]"
             if not isinstance(inst, dict):
                 raise ProtocolError(f"{iw}: must be an object")
-            _req(inst, "uuid", str, iw)
-            _req(inst, "profile", str, iw)
+            _str(inst, "uuid", iw, max_chars=MAX_UUID_CHARS)
+            _str(inst, "profile", iw, max_chars=MAX_PROFILE_CHARS)
             _num(inst, "start", iw, lo=0, hi=64)
     return frame
 
@@ -201,11 +222,15 @@ def validate_metrics(frame: dict) -> dict:
     gpus = _req(frame, "gpus", list, w)
     if len(gpus) > MAX_GPUS_PER_NODE:
         raise ProtocolError(f"metrics: more than {MAX_GPUS_PER_NODE} GPUs")
+    seen: set[str] = set()
     for i, g in enumerate(gpus):
         gw = f"metrics.gpus[{i}]"
         if not isinstance(g, dict):
             raise ProtocolError(f"{gw}: must be an object")
-        _req(g, "uuid", str, gw)
+        uuid = _req(g, "uuid", str, gw)
+        if uuid in seen:  # one sample per GPU per batch, or the rollups would count it twice
+            raise ProtocolError(f"{gw}: uuid repeated in one batch")
+        seen.add(uuid)
         # A reading the GPU cannot give is null, not a made-up number: NVML reports no whole-GPU
         # utilisation in MIG mode, and some boards have no power or ECC counters (NotSupported).
         _num(g, "util", gw, lo=0, hi=100, optional=True)
@@ -214,8 +239,8 @@ def validate_metrics(frame: dict) -> dict:
         _num(g, "temp_c", gw, lo=-50, hi=200, optional=True)
         _num(g, "power_w", gw, lo=0, hi=5000, optional=True)
         _num(g, "sm_clock_mhz", gw, lo=0, hi=10000, optional=True)
-        _num(g, "ecc_sbe", gw, lo=0, optional=True)
-        _num(g, "ecc_dbe", gw, lo=0, optional=True)
+        _counter(g, "ecc_sbe", gw)
+        _counter(g, "ecc_dbe", gw)
         xid = g.get("xid") or []
         if not isinstance(xid, list) or not all(isinstance(x, int) and not isinstance(x, bool) for x in xid):
             raise ProtocolError(f"{gw}: xid must be a list of integers")

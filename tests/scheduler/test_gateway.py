@@ -306,3 +306,58 @@ async def test_a_command_issued_while_the_hello_is_being_applied_still_reaches_t
     assert cmd["type"] == "command" and cmd["op"] == "create_instance"
     assert await sync_to_async(lambda: str(AgentCommand.objects.get(slice=issued[0]).pk))() == cmd["id"]
     await comm.disconnect()
+
+
+@pytest.mark.parametrize("reading", [{"ecc_dbe": 10**30}, {"ecc_sbe": 1e300}, {"ecc_sbe": 2.5}])
+async def test_an_ecc_counter_the_database_cannot_hold_is_refused_and_later_metrics_are_still_written(reading):
+    node, token = await sync_to_async(node_with_token)()
+    backend = sim_backend("l4:1", hostname="poison")
+    comm = await connect_agent(token, backend)
+    frame = metrics_from(backend)
+    frame["gpus"][0].update(reading)
+    await comm.send_to(text_data=protocol.encode(frame))
+    err = json.loads(await comm.receive_from(timeout=5))
+    assert err["type"] == "error" and err["code"] == protocol.E_BAD_FRAME
+    await INGEST.flush()  # one agent's bad number must not break every later flush
+    good = metrics_from(backend)
+    await comm.send_to(text_data=protocol.encode(good))
+    await barrier(comm)
+    assert await INGEST.flush() == 1
+    latest = await sync_to_async(lambda: GpuMetricLatest.objects.get(gpu__node=node))()
+    assert latest.temp_c == pytest.approx(good["gpus"][0]["temp_c"])
+    await comm.disconnect()
+
+
+async def test_a_gpu_repeated_in_one_metrics_batch_is_refused_so_it_is_not_counted_twice():
+    node, token = await sync_to_async(node_with_token)()
+    backend = sim_backend("l4:1", hostname="twice")
+    comm = await connect_agent(token, backend)
+    frame = metrics_from(backend)
+    frame["gpus"] = frame["gpus"] * 5
+    await comm.send_to(text_data=protocol.encode(frame))
+    err = json.loads(await comm.receive_from(timeout=5))
+    assert err["type"] == "error" and "repeated" in err["message"]
+    await INGEST.flush()
+    assert not await sync_to_async(GpuMetricRollup.objects.filter(gpu__node=node).exists)()
+    await comm.disconnect()
+
+
+@pytest.mark.parametrize("gpu_patch, instance", [
+    ({"memory_mib": 1e300}, None),
+    ({"uuid": "GPU-" + "x" * 200}, None),
+    ({}, {"uuid": "MIG-" + "y" * 200, "profile": "1g.10gb", "start": 0}),
+    ({}, {"uuid": "MIG-ok", "profile": "p" * 100, "start": 0}),
+])
+async def test_a_hello_with_values_the_database_cannot_hold_gets_an_error_frame_and_writes_nothing(gpu_patch, instance):
+    node, token = await sync_to_async(node_with_token)()
+    hello = hello_from(sim_backend("a100-80gb:1", hostname="big"))
+    hello["gpus"][0].update(gpu_patch)
+    if instance:
+        hello["gpus"][0]["instances"] = [instance]
+    comm = agent(token)
+    await comm.connect()
+    await comm.send_to(text_data=protocol.encode(hello))
+    err = json.loads(await comm.receive_from(timeout=5))
+    assert err["type"] == "error" and err["code"] == protocol.E_BAD_FRAME
+    assert (await counts())[0] == 0 and (await counts())[3] == 0
+    await comm.disconnect()
