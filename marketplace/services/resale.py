@@ -79,40 +79,59 @@ class Purchase:
     order: Order
 
 
+class _ListingMoved(Exception):
+    """The listing moved to a piece of its reservation (another listing of it sold) before we locked it."""
+
+
 def listing_purchase(*, buyer, listing_id, now: datetime | None = None) -> Purchase:
     """Buy a listed window: paid from the buyer's wallet, the seller credited less the fee, the reservation
     split so that the window is the buyer's and no longer the seller's. A window sells once."""
     now = now or timezone.now()
-    with transaction.atomic():
-        # Lock the listing: the race is two buyers purchasing it at once; the second sees it sold.
-        listing = ResaleListing.objects.select_for_update().filter(pk=listing_id).first()
-        if listing is None:
-            raise NotFound("no such listing", field="listing")
-        if listing.state != ResaleListing.State.OPEN:
-            raise Conflict(f"the listing is {listing.state}", code="not_open")
-        if listing.seller_id == buyer.pk:
-            raise DomainError("you cannot buy your own listing", field="listing")
-        if listing.starts_at < now:
-            raise Conflict("the listed window has already started", code="window_started")
-        # Lock the reservation (then its GPU): the race is its holder listing or a tick starting it meanwhile.
-        r = Reservation.objects.select_for_update().get(pk=listing.reservation_id)
-        if r.state not in Reservation.LIVE_STATES or listing.starts_at < r.starts_at or listing.ends_at > r.ends_at:
-            raise Conflict("the reservation no longer covers this window", code="not_open")
-        Gpu.objects.select_for_update().get(pk=r.gpu_id)
-        order = Order.objects.create(buyer=buyer, mode=Mode.RESALE, listing=listing, state=Order.State.PLACED,
-                                     gpu_models=[listing.gpu_model], window_start=listing.starts_at,
-                                     window_end=listing.ends_at, price_per_hour=listing.ask_per_hour,
-                                     total_price=listing.price_total, placed_at=now)
-        fee = ledger.fee_for(amount=listing.price_total, fee_rate=settings.PLATFORM_FEE_RATE)
-        ledger.post(kind="resale", memo=f"resale of {str(r.pk)[:8]} {listing.starts_at:%Y-%m-%d %H:%M}",
-                    idempotency_key=f"resale:{listing.pk}", order=order.pk,
-                    lines=[(ledger.account_for(user=buyer, kind="wallet"), -listing.price_total),
-                           (ledger.account_for(user=listing.seller, kind="wallet"), listing.price_total - fee),
-                           (ledger.platform_account("platform_fees"), fee)])
-        mine = _split(r, listing=listing, buyer=buyer, order=order)
-        listing.state, listing.buyer, listing.sold_reservation = ResaleListing.State.SOLD, buyer, mine
-        listing.fee, listing.sold_at = fee, now
-        listing.save(update_fields=["state", "buyer", "sold_reservation", "fee", "sold_at"])
+    for _ in range(market("PLACE_RETRIES") + 1):
+        try:
+            with transaction.atomic():  # a savepoint per try: a try that saw the listing move lets its locks go
+                return _purchase(buyer=buyer, listing_id=listing_id, now=now)
+        except _ListingMoved:
+            continue
+    raise Conflict("the listing is moving between pieces of its reservation; try again", code="busy")
+
+
+def _purchase(*, buyer, listing_id, now: datetime) -> Purchase:
+    reservation_id = ResaleListing.objects.filter(pk=listing_id).values_list("reservation_id", flat=True).first()
+    if reservation_id is None:
+        raise NotFound("no such listing", field="listing")
+    # Lock the reservation, then the listing, in that order in every purchase. The races: two buyers of one
+    # listing (the second sees it sold), and a purchase of another listing of the same reservation, whose
+    # split moves this listing to a piece under the reservation's lock; locking the listing first would
+    # deadlock against that split.
+    r = Reservation.objects.select_for_update().get(pk=reservation_id)
+    listing = ResaleListing.objects.select_for_update().get(pk=listing_id)
+    if listing.reservation_id != r.pk:
+        raise _ListingMoved()
+    if listing.state != ResaleListing.State.OPEN:
+        raise Conflict(f"the listing is {listing.state}", code="not_open")
+    if listing.seller_id == buyer.pk:
+        raise DomainError("you cannot buy your own listing", field="listing")
+    if listing.starts_at < now:
+        raise Conflict("the listed window has already started", code="window_started")
+    if r.state not in Reservation.LIVE_STATES or listing.starts_at < r.starts_at or listing.ends_at > r.ends_at:
+        raise Conflict("the reservation no longer covers this window", code="not_open")
+    # Lock the GPU: the race is a booking or a claim on these slots while the window changes hands.
+    Gpu.objects.select_for_update().get(pk=r.gpu_id)
+    order = Order.objects.create(buyer=buyer, mode=Mode.RESALE, listing=listing, state=Order.State.PLACED,
+                                 gpu_models=[listing.gpu_model], window_start=listing.starts_at,
+                                 window_end=listing.ends_at, price_per_hour=listing.ask_per_hour,
+                                 total_price=listing.price_total, placed_at=now)
+    fee = ledger.fee_for(amount=listing.price_total, fee_rate=settings.PLATFORM_FEE_RATE)
+    ledger.post(kind="resale", memo=f"resale of {str(r.pk)[:8]} {listing.starts_at:%Y-%m-%d %H:%M}",
+                idempotency_key=f"resale:{listing.pk}", order=order.pk,
+                lines=[(ledger.account_for(user=buyer, kind="wallet"), -listing.price_total),
+                       (ledger.account_for(user=listing.seller, kind="wallet"), listing.price_total - fee),
+                       (ledger.platform_account("platform_fees"), fee)])
+    mine = _split(r, listing=listing, buyer=buyer, order=order)
+    listing.state, listing.buyer, listing.sold_reservation = ResaleListing.State.SOLD, buyer, mine
+    listing.fee, listing.sold_at = fee, now
+    listing.save(update_fields=["state", "buyer", "sold_reservation", "fee", "sold_at"])
     return Purchase(listing=listing, reservation=mine, order=order)
 
 

@@ -52,6 +52,7 @@ class AgentConsumer(AsyncWebsocketConsumer):
             await self.close(code=CLOSE_UNAUTHORISED)
             return
         self.node_id = node.pk
+        self.token_hash = node.token_hash
         self.node_label = node.name
         self.bad_frames = 0
         self.gpu_ids: dict[str, int] = {}
@@ -107,10 +108,10 @@ class AgentConsumer(AsyncWebsocketConsumer):
         # handled after this frame, so they still follow the welcome; one sent both ways is answered once.
         await self.channel_layer.group_add(agent_group(self.node_id), self.channel_name)
         try:
-            state = await database_sync_to_async(_apply_hello)(self.node_id, frame)
+            state = await database_sync_to_async(_apply_hello)(self.node_id, frame, self.token_hash)
         except DomainError as exc:
             await self._error(exc.code, exc.message)
-            await self.close(code=CLOSE_FORBIDDEN if exc.status == 403 else CLOSE_BAD_FRAME)
+            await self.close(code={401: CLOSE_UNAUTHORISED, 403: CLOSE_FORBIDDEN}.get(exc.status, CLOSE_BAD_FRAME))
             return
         self.gpu_ids, self.cordoned, open_commands = state
         self.last_dbe.clear()
@@ -157,15 +158,20 @@ class AgentConsumer(AsyncWebsocketConsumer):
         await database_sync_to_async(command_services.commands_mark_sent)(
             command_ids=[frame["id"]], at=timezone.now())
 
+    async def agent_revoked(self, message: dict) -> None:
+        """The node's token was rotated: this socket authenticated with the old one."""
+        await self._error(protocol.E_UNAUTHORISED, "this node's token was rotated; start the agent with the new one")
+        await self.close(code=CLOSE_UNAUTHORISED)
+
     async def agent_resync(self, message: dict) -> None:
         """An operator uncordoned a GPU: forget the local cordon so new violations count again."""
         self.cordoned.discard(message.get("gpu_uuid"))
 
 
-def _apply_hello(node_id, frame: dict):
+def _apply_hello(node_id, frame: dict, token_hash: str | None = None):
     from scheduler.models import Gpu
 
-    node = node_services.node_hello(node_id=node_id, frame=frame)
+    node = node_services.node_hello(node_id=node_id, frame=frame, token_hash=token_hash)
     gpus = list(Gpu.objects.filter(node=node, present=True).values_list("uuid", "pk", "health"))
     return ({u: pk for u, pk, _ in gpus}, {u for u, _, h in gpus if h == Gpu.Health.CORDONED},
             command_services.commands_open_for(node_id=node_id))

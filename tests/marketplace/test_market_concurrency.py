@@ -106,3 +106,28 @@ def test_concurrent_resale_purchases_sell_a_window_once():
     assert Reservation.objects.filter(holder=sold[0].reservation.holder).count() == 1
     assert sorted(ledger.wallet_balance(user=b) for b in buyers)[:2] == [Decimal("9"), Decimal("10")]
     assert ledger.ledger_check() == []
+
+
+def test_concurrent_purchases_of_different_listings_of_one_reservation_all_succeed():
+    Fleet().node("l4:1", price="1.00")
+    seller = UserFactory()
+    top_up(seller, "100")
+    start = timezone.now() + timedelta(hours=3)
+    orders.order_place(buyer=seller, spec=OrderSpec(mode="reserved", window_start=start,
+                                                    window_end=start + timedelta(hours=8)))
+    r = Reservation.objects.get()
+    listings = [resale.listing_create(seller=seller, reservation_id=r.pk, starts_at=start + timedelta(hours=h),
+                                      ends_at=start + timedelta(hours=h + 1), ask_per_hour=Decimal("1.00"))
+                for h in range(8)]
+    buyers = [UserFactory() for _ in listings]
+    for b in buyers:
+        top_up(b, "10")
+    # Each purchase splits the reservation and moves the other open listings to the pieces: a buyer of
+    # another listing must then buy from its piece, neither fail on the split original nor deadlock.
+    results = race(lambda pair: resale.listing_purchase(buyer=pair[0], listing_id=pair[1].pk),
+                   list(zip(buyers, listings)), workers=8)
+    assert [type(x).__name__ for x in results] == ["Purchase"] * 8
+    assert set(ResaleListing.objects.values_list("state", flat=True)) == {ResaleListing.State.SOLD}
+    live = Reservation.objects.filter(state__in=Reservation.LIVE_STATES).order_by("starts_at")
+    assert [x.holder_id for x in live] == [b.pk for b in buyers]
+    assert ledger.ledger_check() == []
