@@ -45,6 +45,10 @@ def send_to_agent(node_id, frame: dict) -> None:
     _send(agent_group(node_id), {"type": "agent.command", "frame": frame})
 
 
+def tell_agent_token_revoked(node_id) -> None:
+    _send(agent_group(node_id), {"type": "agent.revoked"})
+
+
 def tell_agent_uncordoned(node_id, gpu_uuid: str) -> None:
     _send(agent_group(node_id), {"type": "agent.resync", "gpu_uuid": gpu_uuid})
 

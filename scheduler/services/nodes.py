@@ -14,7 +14,7 @@ from scheduler.errors import Conflict, DomainError, PermissionDenied
 from scheduler.models import AgentCommand, Gpu, GpuModel, HealthEvent, Node, Slice
 from scheduler.signals import node_offline, slice_destroyed
 
-from .events import announce_node
+from .events import announce_node, tell_agent_token_revoked
 from .tokens import token_hash, token_new
 
 MAX_NAME = 80
@@ -51,10 +51,12 @@ def _price(value) -> Decimal:
 
 
 def node_rotate_token(*, node: Node) -> str:
-    """Issue a new agent token for `node`; the old one stops working at once."""
+    """Issue a new agent token for `node`; the old one stops working at once, and an agent connected
+    with it is disconnected (a token is rotated because it leaked: a live socket must not outlast it)."""
     token = token_new()
     Node.objects.filter(pk=node.pk).update(token_hash=token_hash(token), token_prefix=token[:12])
     node.token_hash, node.token_prefix = token_hash(token), token[:12]
+    transaction.on_commit(lambda: tell_agent_token_revoked(node.pk))
     return token
 
 
@@ -64,16 +66,20 @@ def node_for_token(*, token: str) -> Node | None:
     return Node.objects.filter(token_hash=token_hash(token)).first()
 
 
-def node_hello(*, node_id, frame: dict) -> Node:
+def node_hello(*, node_id, frame: dict, token_hash: str | None = None) -> Node:
     """Apply an agent's hello (already validated by nodeagent.protocol): node facts and its GPU inventory.
 
     The geometry the agent reports is what the server plans with. A GPU uuid that belongs to another
-    node is refused and nothing is written: an agent can never write another node's records.
+    node is refused and nothing is written: an agent can never write another node's records. With
+    `token_hash` (the one the socket authenticated with), a token rotated since is refused too.
     """
     now = timezone.now()
     reported = {g["uuid"]: g for g in frame["gpus"]}
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node_id)
+        if token_hash is not None and node.token_hash != token_hash:
+            raise DomainError("this node's token was rotated; start the agent with the new one",
+                              code="unauthorised", status=401)
         foreign = Gpu.objects.filter(uuid__in=reported).exclude(node=node).values_list("uuid", flat=True)
         if foreign:
             raise PermissionDenied(f"GPU {sorted(foreign)[0]} belongs to another node", code="forbidden")

@@ -361,3 +361,28 @@ async def test_a_hello_with_values_the_database_cannot_hold_gets_an_error_frame_
     assert err["type"] == "error" and err["code"] == protocol.E_BAD_FRAME
     assert (await counts())[0] == 0 and (await counts())[3] == 0
     await comm.disconnect()
+
+
+async def test_rotating_a_node_token_disconnects_the_agent_that_is_using_the_old_one():
+    from scheduler.services import nodes as node_services
+
+    node, token = await sync_to_async(node_with_token)()
+    comm = await connect_agent(token, sim_backend("l4:1", hostname="leaked"))
+    await sync_to_async(node_services.node_rotate_token)(node=node)
+    err = json.loads(await comm.receive_from(timeout=5))
+    assert err["type"] == "error" and err["code"] == protocol.E_UNAUTHORISED
+    await expect_close(comm, 4401)
+
+
+async def test_a_socket_opened_with_a_token_that_was_rotated_before_its_hello_is_refused():
+    from scheduler.services import nodes as node_services
+
+    node, token = await sync_to_async(node_with_token)()
+    comm = agent(token)
+    assert (await comm.connect())[0]
+    await sync_to_async(node_services.node_rotate_token)(node=node)
+    await comm.send_to(text_data=protocol.encode(hello_from(sim_backend("l4:1", hostname="late"))))
+    err = json.loads(await comm.receive_from(timeout=5))
+    assert err["type"] == "error" and err["code"] == protocol.E_UNAUTHORISED
+    await expect_close(comm, 4401)
+    assert (await counts())[0] == 0
