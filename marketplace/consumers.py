@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncWebsocketConsumer
 
 from scheduler import selectors as fleet_selectors
+from scheduler.gateway.base import LoopConsumer
 from scheduler.gateway.relay import RELAY
 from scheduler.services.events import buyer_group, node_group
 
@@ -33,7 +33,7 @@ def _lease_gpu(user, lease_id) -> tuple[str, str] | None:
     return (str(row[0]), row[1]) if row else None
 
 
-class ConsoleConsumer(AsyncWebsocketConsumer):
+class ConsoleConsumer(LoopConsumer):
     async def connect(self):
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
@@ -92,14 +92,15 @@ class ConsoleConsumer(AsyncWebsocketConsumer):
         await self.send(text_data=json.dumps(reply))
 
     async def node_metrics(self, message: dict):
-        gpus = message["gpus"]
+        """Forward a node's metrics frame (encoded once by the gateway as `text`)."""
         allowed = self.visible.get(str(message["node"]), None)
-        if allowed is not None:  # a buyer's lease: only its GPU's readings
-            gpus = [g for g in gpus if g.get("uuid") in allowed]
-            if not gpus:
-                return
-        await self.send(text_data=json.dumps({"type": "metrics", "node": message["node"], "ts": message["ts"],
-                                              "sent": message.get("sent"), "gpus": gpus}))
+        if allowed is None:  # the node's provider (or staff) sees the whole frame as it is
+            await self.send(text_data=message["text"])
+            return
+        frame = json.loads(message["text"])  # a buyer's lease: only its GPU's readings
+        frame["gpus"] = [g for g in frame["gpus"] if g.get("uuid") in allowed]
+        if frame["gpus"]:
+            await self.send(text_data=json.dumps(frame))
 
     async def node_changed(self, message: dict):
         if self.visible.get(str(message["node"]), None) is not None:

@@ -101,7 +101,7 @@ if REDIS_URL:
     CELERY_BROKER_URL = REDIS_URL
     CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer",
+    CHANNEL_LAYERS = {"default": {"BACKEND": "config.channel_layers.FastInMemoryChannelLayer",
                                   "CONFIG": {"capacity": 2000, "expiry": 30}}}
     # The embedded broker: messages are files under var/celery, shared by web, worker and beat.
     _celery_dir = VAR_DIR / "celery"

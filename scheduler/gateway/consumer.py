@@ -7,11 +7,11 @@ naming another node's GPU is refused (4403 for a hello, an error frame for metri
 """
 from __future__ import annotations
 
+import json
 import logging
 import time
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncWebsocketConsumer
 from django.conf import settings
 from django.utils import timezone
 
@@ -22,6 +22,7 @@ from scheduler.services import health as health_services
 from scheduler.services import nodes as node_services
 from scheduler.services.events import agent_group, node_group
 
+from .base import LoopConsumer
 from .ingest import INGEST
 from .relay import RELAY
 
@@ -40,7 +41,7 @@ def _bearer(scope) -> str:
     return ""
 
 
-class AgentConsumer(AsyncWebsocketConsumer):
+class AgentConsumer(LoopConsumer):
     node_id = None
     ready = False  # True once the hello has been applied
 
@@ -53,6 +54,8 @@ class AgentConsumer(AsyncWebsocketConsumer):
             return
         self.node_id = node.pk
         self.token_hash = node.token_hash
+        self.node_key = str(node.pk)
+        self.console_group = node_group(node.pk)
         self.node_label = node.name
         self.bad_frames = 0
         self.gpu_ids: dict[str, int] = {}
@@ -134,8 +137,11 @@ class AgentConsumer(AsyncWebsocketConsumer):
                 return
             samples.append((gpu_id, sample))
         INGEST.add(node_id=self.node_id, ts=now, samples=samples)
-        await self.channel_layer.group_send(node_group(self.node_id), {
-            "type": "node.metrics", "node": str(self.node_id), "ts": now, "sent": frame["ts"], "gpus": frame["gpus"]})
+        # Encoded once here rather than deep-copied by the layer and re-encoded by every subscriber.
+        text = json.dumps({"type": "metrics", "node": self.node_key, "ts": now, "sent": frame["ts"],
+                           "gpus": frame["gpus"]}, separators=(",", ":"))
+        await self.channel_layer.group_send(self.console_group, {"type": "node.metrics", "node": self.node_key,
+                                                                 "text": text})
         for sample in frame["gpus"]:
             await self._check_health(sample)
 

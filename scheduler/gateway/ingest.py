@@ -94,7 +94,8 @@ class MetricsIngest:
         if not latest and not rollups and not heard:
             return 0
         try:
-            await database_sync_to_async(_write)(latest, rollups, heard)
+            # Its own thread, not the shared sync thread: a flush must not hold up hellos and results.
+            await database_sync_to_async(_write, thread_sensitive=False)(latest, rollups, heard)
         except Exception:
             # Put back what was not written (newer samples win) so the next flush retries it.
             for k, v in latest.items():
@@ -114,39 +115,56 @@ def _dt(ts: float) -> datetime:
     return datetime.fromtimestamp(ts, tz=dt_timezone.utc)
 
 
+LATEST_COLUMNS = ("gpu_id", "at", "util", "mem_used_mib", "mem_total_mib", "temp_c", "power_w", "sm_clock_mhz",
+                  "ecc_sbe", "ecc_dbe")
+ROLLUP_COLUMNS = ("gpu_id", "minute", "samples") + tuple(
+    f"{col}_{k}" for _, col in ROLLUP_FIELDS for k in ("min", "avg", "max"))
+
+
+def _upsert_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...], qn) -> str:
+    """INSERT ... ON CONFLICT (key) DO UPDATE: the same text on PostgreSQL and SQLite (3.24+)."""
+    updates = ", ".join(f"{qn(c)} = excluded.{qn(c)}" for c in columns if c not in key)
+    return (f"INSERT INTO {qn(table)} ({', '.join(qn(c) for c in columns)}) "
+            f"VALUES ({', '.join(['%s'] * len(columns))}) "
+            f"ON CONFLICT ({', '.join(qn(c) for c in key)}) DO UPDATE SET {updates}")
+
+
 def _write(latest: dict, rollups: dict, heard: dict) -> None:
-    from django.db import transaction
+    """Write one flush: upsert latest samples and rollups, stamp heartbeats. One transaction.
+
+    Plain executemany instead of the ORM's bulk_create: at thousands of rows per flush the ORM spends
+    most of the time compiling SQL per row, holding the GIL the websocket loop needs.
+    """
+    from django.db import connection, transaction
 
     from scheduler.models import Gpu, GpuMetricLatest, GpuMetricRollup
     from scheduler.services.nodes import nodes_heartbeat
 
     close_old_connections()
+    qn, dt = connection.ops.quote_name, connection.ops.adapt_datetimefield_value
     with transaction.atomic():
         # GPUs may have been deleted since their samples arrived: write only those that still exist.
         alive = set(Gpu.objects.filter(pk__in=set(latest) | {k[0] for k in rollups}).values_list("pk", flat=True))
-        GpuMetricLatest.objects.bulk_create(
-            [GpuMetricLatest(gpu_id=gid, at=_dt(ts), util=s.get("util"), mem_used_mib=s.get("mem_used_mib"),
-                             mem_total_mib=s.get("mem_total_mib"), temp_c=s.get("temp_c"), power_w=s.get("power_w"),
-                             sm_clock_mhz=s.get("sm_clock_mhz"), ecc_sbe=s.get("ecc_sbe"), ecc_dbe=s.get("ecc_dbe"))
-             for gid, (ts, s) in latest.items() if gid in alive],
-            update_conflicts=True, unique_fields=["gpu"],
-            update_fields=["at", "util", "mem_used_mib", "mem_total_mib", "temp_c", "power_w", "sm_clock_mhz",
-                           "ecc_sbe", "ecc_dbe"], batch_size=500)
-        rows = []
+        latest_rows = [(gid, dt(_dt(ts)), s.get("util"), s.get("mem_used_mib"), s.get("mem_total_mib"),
+                        s.get("temp_c"), s.get("power_w"), s.get("sm_clock_mhz"), s.get("ecc_sbe"), s.get("ecc_dbe"))
+                       for gid, (ts, s) in latest.items() if gid in alive]
+        rollup_rows = []
         for (gid, minute), agg in rollups.items():
             if gid not in alive:
                 continue
-            values = {}
-            for i, (_, col) in enumerate(ROLLUP_FIELDS):
+            row = [gid, dt(_dt(minute)), agg.n]
+            for i in range(len(ROLLUP_FIELDS)):
                 seen = agg.counts[i] > 0
-                values[f"{col}_min"] = agg.mins[i] if seen else None
-                values[f"{col}_avg"] = agg.sums[i] / agg.counts[i] if seen else None
-                values[f"{col}_max"] = agg.maxs[i] if seen else None
-            rows.append(GpuMetricRollup(gpu_id=gid, minute=_dt(minute), samples=agg.n, **values))
-        GpuMetricRollup.objects.bulk_create(
-            rows, update_conflicts=True, unique_fields=["gpu", "minute"],
-            update_fields=["samples"] + [f"{col}_{k}" for _, col in ROLLUP_FIELDS for k in ("min", "avg", "max")],
-            batch_size=500)
+                row += [agg.mins[i] if seen else None, agg.sums[i] / agg.counts[i] if seen else None,
+                        agg.maxs[i] if seen else None]
+            rollup_rows.append(row)
+        with connection.cursor() as cursor:
+            if latest_rows:
+                cursor.executemany(_upsert_sql(GpuMetricLatest._meta.db_table, LATEST_COLUMNS, ("gpu_id",), qn),
+                                   latest_rows)
+            if rollup_rows:
+                cursor.executemany(_upsert_sql(GpuMetricRollup._meta.db_table, ROLLUP_COLUMNS,
+                                               ("gpu_id", "minute"), qn), rollup_rows)
         if heard:
             nodes_heartbeat(node_ids=heard.keys(), at=_dt(max(heard.values())))
 

@@ -81,7 +81,7 @@ def test_with_nothing_set_the_embedded_defaults_are_used(tmp_path):
             "print(s.DATABASES['default']['ENGINE'], s.CHANNEL_LAYERS['default']['BACKEND'], s.CELERY_BROKER_URL)")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environ, capture_output=True, text=True,
                          timeout=60)
-    assert out.stdout.split() == ["django.db.backends.sqlite3", "channels.layers.InMemoryChannelLayer", "filesystem://"]
+    assert out.stdout.split() == ["django.db.backends.sqlite3", "config.channel_layers.FastInMemoryChannelLayer", "filesystem://"]
     environ.update({"DATABASE_URL": "postgres://u@127.0.0.1:5432/x", "REDIS_URL": "redis://127.0.0.1:6379/3"})
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=environ, capture_output=True, text=True,
                          timeout=60)

@@ -2,6 +2,8 @@
 nobody else may subscribe to the lease."""
 from __future__ import annotations
 
+import json
+
 import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
@@ -45,8 +47,10 @@ async def test_a_lease_holder_sees_only_its_gpus_readings_and_a_stranger_cannot_
     reply = await console.receive_json_from(timeout=5)
     assert reply == {"type": "subscribed", "node": str(node.pk), "lease": str(lease.pk)}
     layer = get_channel_layer()
-    await layer.group_send(node_group(node.pk), {"type": "node.metrics", "node": str(node.pk), "ts": 1.0,
-                                                 "gpus": [{"uuid": mine, "util": 5}, {"uuid": other, "util": 9}]})
+    frame = {"type": "metrics", "node": str(node.pk), "ts": 1.0, "sent": 0.9,
+             "gpus": [{"uuid": mine, "util": 5}, {"uuid": other, "util": 9}]}
+    await layer.group_send(node_group(node.pk), {"type": "node.metrics", "node": str(node.pk),
+                                                 "text": json.dumps(frame)})
     got = await console.receive_json_from(timeout=5)
     assert got["type"] == "metrics" and [g["uuid"] for g in got["gpus"]] == [mine]
     # The node's own changes are its provider's business.
