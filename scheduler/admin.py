@@ -35,10 +35,10 @@ class GpuInline(admin.TabularInline):
 @admin.register(Node)
 class NodeAdmin(admin.ModelAdmin):
     list_display = ["name", "provider", "region", "status", "hostname", "cuda_version", "gpu_total", "last_heartbeat"]
-    list_filter = ["status", "region", "backend"]
+    list_filter = ["status", "drain_requested", "region", "backend"]
     search_fields = ["name", "hostname", "provider__username", "id"]
     readonly_fields = ["id", "token_prefix", "hostname", "driver_version", "cuda_version", "agent_version", "backend",
-                       "last_heartbeat", "connected_at", "created_at"]
+                       "drain_requested", "last_heartbeat", "connected_at", "created_at"]
     exclude = ["token_hash"]
     inlines = [GpuInline]
     actions = ["drain", "undrain"]

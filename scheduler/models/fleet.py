@@ -31,6 +31,8 @@ class Node(models.Model):
     price_per_gpu_hour = models.DecimalField(max_digits=10, decimal_places=4, default=2,
                                              help_text="provider's base price for one whole GPU-hour (USD)")
     reliability = models.FloatField(default=1.0, help_text="share of time online since registration")
+    # Kept apart from status: a draining node that goes offline must come back draining, not online.
+    drain_requested = models.BooleanField(default=False, help_text="drained by its provider or an operator")
     last_heartbeat = models.DateTimeField(null=True, blank=True, db_index=True)
     connected_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

@@ -89,8 +89,7 @@ def node_hello(*, node_id, frame: dict, token_hash: str | None = None) -> Node:
         node.cuda_version = frame["cuda_version"][:20]
         node.agent_version = frame["agent_version"][:40]
         node.backend = frame["backend"][:20]
-        if node.status != Node.Status.DRAINING:
-            node.status = Node.Status.ONLINE
+        node.status = Node.Status.DRAINING if node.drain_requested else Node.Status.ONLINE
         node.connected_at = node.last_heartbeat = now
         node.save()
         models_by_key = {m.key: m for m in GpuModel.objects.all()}
@@ -168,7 +167,9 @@ def nodes_heartbeat(*, node_ids, at: datetime) -> int:
     """Record that these nodes were heard from (one UPDATE for a whole flush); a node that was marked
     offline but is sending again comes back online."""
     ids = list(node_ids)
-    Node.objects.filter(pk__in=ids, status=Node.Status.OFFLINE).update(status=Node.Status.ONLINE)
+    back = Node.objects.filter(pk__in=ids, status=Node.Status.OFFLINE)
+    back.filter(drain_requested=False).update(status=Node.Status.ONLINE)
+    back.filter(drain_requested=True).update(status=Node.Status.DRAINING)
     return Node.objects.filter(pk__in=ids).update(last_heartbeat=at)
 
 
@@ -200,8 +201,11 @@ def nodes_mark_offline(*, now: datetime | None = None) -> list:
 
 
 def node_drain(*, node: Node) -> Node:
-    """Stop placing new work on `node`; running slices stay until their leases end."""
-    Node.objects.filter(pk=node.pk).exclude(status=Node.Status.DRAINING).update(status=Node.Status.DRAINING)
+    """Stop placing new work on `node`; running slices stay until their leases end. An offline node stays
+    offline and comes back draining."""
+    Node.objects.filter(pk=node.pk).update(drain_requested=True)
+    Node.objects.filter(pk=node.pk).exclude(status__in=[Node.Status.DRAINING, Node.Status.OFFLINE]).update(
+        status=Node.Status.DRAINING)
     node.refresh_from_db()
     HealthEvent.objects.create(node=node, kind="drain", message="node set to draining")
     transaction.on_commit(lambda: announce_node(node.pk, {"status": node.status}))
@@ -209,6 +213,7 @@ def node_drain(*, node: Node) -> Node:
 
 
 def node_undrain(*, node: Node) -> Node:
+    Node.objects.filter(pk=node.pk).update(drain_requested=False)
     Node.objects.filter(pk=node.pk, status=Node.Status.DRAINING).update(status=Node.Status.ONLINE)
     node.refresh_from_db()
     transaction.on_commit(lambda: announce_node(node.pk, {"status": node.status}))

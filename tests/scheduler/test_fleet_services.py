@@ -278,3 +278,25 @@ def test_a_create_result_arriving_after_the_timeout_destroys_the_orphan_instance
     command_services.command_complete(node_id=node.pk, frame=late)  # a repeat changes nothing more
     destroys = AgentCommand.objects.filter(node=node, op="destroy_instance")
     assert [d.args["instance_uuid"] for d in destroys] == ["MIG-late"]
+
+
+def test_a_drained_node_that_goes_offline_comes_back_draining_not_online(settings):
+    settings.FLEET = {**settings.FLEET, "HEARTBEAT_TIMEOUT_SECONDS": 10}
+    node, token = node_with_token()
+    backend = sim_backend("l4:1", hostname="dr")
+    node_services.node_hello(node_id=node.pk, frame=hello_from(backend))
+    node_services.node_drain(node=node)
+    now = timezone.now()
+    Node.objects.filter(pk=node.pk).update(last_heartbeat=now - timedelta(seconds=11))
+    assert node_services.nodes_mark_offline(now=now) == [node.pk]
+    assert Node.objects.get(pk=node.pk).status == Node.Status.OFFLINE
+    node_services.nodes_heartbeat(node_ids=[node.pk], at=now)  # its socket was still up: heard again
+    assert Node.objects.get(pk=node.pk).status == Node.Status.DRAINING
+    Node.objects.filter(pk=node.pk).update(status=Node.Status.OFFLINE)
+    node_services.node_hello(node_id=node.pk, frame=hello_from(backend))  # the agent reconnects
+    assert Node.objects.get(pk=node.pk).status == Node.Status.DRAINING
+    # Undrained while offline: it comes back taking work.
+    Node.objects.filter(pk=node.pk).update(status=Node.Status.OFFLINE)
+    node_services.node_undrain(node=Node.objects.get(pk=node.pk))
+    node_services.node_hello(node_id=node.pk, frame=hello_from(backend))
+    assert Node.objects.get(pk=node.pk).status == Node.Status.ONLINE
