@@ -38,10 +38,12 @@ class OrderCreateSerializer(serializers.Serializer):
     if_unavailable = serializers.ChoiceField(choices=Order.IfUnavailable.choices, required=False, default="fail")
     webhook_url = serializers.URLField(max_length=300, required=False, default="", allow_blank=True)
     listing = serializers.UUIDField(required=False, allow_null=True)
+    project = serializers.IntegerField(required=False, allow_null=True, help_text="one of your projects")
 
     def spec(self) -> OrderSpec:
         d = dict(self.validated_data)
         d["listing_id"] = d.pop("listing", None)
+        d["project_id"] = d.pop("project", None)
         return OrderSpec(**d)
 
 
@@ -53,7 +55,7 @@ class OrderSerializer(serializers.ModelSerializer):
         model = Order
         fields = ["id", "mode", "state", "if_unavailable", "gpu_models", "memory_gb", "compute_slices", "whole_gpu",
                   "min_cuda", "min_compute_capability", "regions", "duration_seconds", "window_start", "window_end",
-                  "max_price_per_hour", "priority", "webhook_url", "listing", "price_per_hour", "total_price",
+                  "max_price_per_hour", "priority", "webhook_url", "listing", "project", "price_per_hour", "total_price",
                   "reasons", "explain", "attempts", "created_at", "placed_at", "leases", "reservations"]
         read_only_fields = fields
 

@@ -55,6 +55,8 @@ class Order(models.Model):
                                              help_text="price cap; for spot, the bid")
     priority = models.SmallIntegerField(default=0)
     webhook_url = models.URLField(max_length=300, blank=True, help_text="interruption notices are POSTed here")
+    project = models.ForeignKey("marketplace.Project", null=True, blank=True, related_name="orders",
+                                on_delete=models.PROTECT, help_text="its charges and usage are grouped under it")
     listing = models.ForeignKey("ResaleListing", null=True, blank=True, related_name="orders",
                                 on_delete=models.PROTECT)
     price_per_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)

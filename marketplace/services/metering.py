@@ -64,7 +64,7 @@ def _charge(*, lease: Lease, amount: Decimal, start: datetime, end: datetime) ->
     try:
         with transaction.atomic():
             txn = ledger.charge_usage(buyer=lease.buyer, provider=node.provider, amount=amount, lease=lease.pk,
-                                      order=lease.order_id, idempotency_key=key,
+                                      order=lease.order_id, project=_project_of(lease), idempotency_key=key,
                                       memo=f"{lease.mode} lease {str(lease.pk)[:8]} {start:%H:%M:%S}-{end:%H:%M:%S}")
     except ledger.InsufficientFunds:
         # Another charge spent the wallet since we read it: take what is left (the lease stops now).
@@ -75,6 +75,11 @@ def _charge(*, lease: Lease, amount: Decimal, start: datetime, end: datetime) ->
     fee = ledger.fee_for(amount=amount, fee_rate=settings.PLATFORM_FEE_RATE)
     _usage(lease=lease, txn=txn, amount=amount, fee=fee, start=start, end=end)
     return amount
+
+
+def _project_of(lease: Lease):
+    """The project the lease's order was placed for (None without one): its charges are grouped there."""
+    return lease.order.project if lease.order_id is not None else None
 
 
 def _usage(*, lease: Lease, txn, amount: Decimal, fee: Decimal, start: datetime, end: datetime) -> None:
@@ -96,7 +101,8 @@ def _usage(*, lease: Lease, txn, amount: Decimal, fee: Decimal, start: datetime,
         left_amount, left_fee = left_amount - a, left_fee - f
         rec, created = UsageRecord.objects.get_or_create(
             lease_id=lease.pk, minute=minute,
-            defaults=dict(order_id=lease.order_id, buyer=lease.buyer, provider=gpu.node.provider,
+            defaults=dict(order_id=lease.order_id, project=_project_of(lease), buyer=lease.buyer,
+                          provider=gpu.node.provider,
                           node_id=gpu.node_id, gpu_model=gpu.gpu_model.key if gpu.gpu_model else "",
                           profile=lease.slice.profile or "whole", mode=lease.mode, seconds=secs, amount=a, fee=f,
                           transaction=txn))
@@ -110,7 +116,7 @@ def _locked_running(lease_id):
     # Lock the lease: the race is the meter against the buyer ending it or an interruption settling it,
     # which would otherwise bill the same seconds twice. skip_locked: whoever holds it is settling anyway.
     return (Lease.objects.select_for_update(skip_locked=True, of=("self",))
-            .select_related("slice__gpu__node__provider", "slice__gpu__gpu_model", "buyer")
+            .select_related("slice__gpu__node__provider", "slice__gpu__gpu_model", "buyer", "order__project")
             .filter(pk=lease_id, state=Lease.State.RUNNING, metered=True).first())
 
 

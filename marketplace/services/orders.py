@@ -12,7 +12,7 @@ from decimal import Decimal, InvalidOperation
 from django.db import transaction
 from django.utils import timezone
 
-from marketplace.models import Lease, Mode, Order, SpotBid
+from marketplace.models import Lease, Mode, Order, Project, SpotBid
 from marketplace.services import ledger
 from scheduler.errors import Conflict, DomainError, NotFound
 from scheduler.models import GpuModel
@@ -45,6 +45,7 @@ class OrderSpec:
     if_unavailable: str = Order.IfUnavailable.FAIL
     webhook_url: str = ""
     listing_id: object = None
+    project_id: object = None
 
 
 def _check(spec: OrderSpec, now: datetime) -> None:
@@ -88,14 +89,25 @@ def _check(spec: OrderSpec, now: datetime) -> None:
         raise DomainError("a resale purchase names the listing", field="listing")
 
 
+def _project(*, buyer, project_id) -> Project | None:
+    """The buyer's own project named by the order, or NotFound: someone else's id looks like a missing one."""
+    if project_id in (None, ""):
+        return None
+    try:
+        return Project.objects.get(pk=int(project_id), user=buyer)
+    except (Project.DoesNotExist, TypeError, ValueError):
+        raise NotFound("no such project among yours", field="project") from None
+
+
 def order_place(*, buyer, spec: OrderSpec, now: datetime | None = None) -> Order:
     """Validate, price and place an order (or queue it, or refuse it with the engine's reasons)."""
     now = now or timezone.now()
     _check(spec, now)
+    project = _project(buyer=buyer, project_id=spec.project_id)
     if spec.mode == Mode.RESALE:
         from .resale import listing_purchase
 
-        return listing_purchase(buyer=buyer, listing_id=spec.listing_id, now=now).order
+        return listing_purchase(buyer=buyer, listing_id=spec.listing_id, now=now, project=project).order
     with transaction.atomic():
         order = Order.objects.create(
             buyer=buyer, mode=spec.mode, if_unavailable=spec.if_unavailable, gpu_models=list(spec.gpu_models),
@@ -103,7 +115,7 @@ def order_place(*, buyer, spec: OrderSpec, now: datetime | None = None) -> Order
             min_cuda=spec.min_cuda, min_compute_capability=spec.min_compute_capability, regions=list(spec.regions),
             buyer_region=spec.buyer_region, duration_seconds=spec.duration_seconds, window_start=spec.window_start,
             window_end=spec.window_end, max_price_per_hour=spec.max_price_per_hour, priority=spec.priority,
-            webhook_url=spec.webhook_url)
+            webhook_url=spec.webhook_url, project=project)
         if spec.mode == Mode.SPOT:
             SpotBid.objects.create(buyer=buyer, order=order, max_price_per_hour=spec.max_price_per_hour)
         placed = _try_place(order=order, now=now, first=True)

@@ -83,20 +83,20 @@ class _ListingMoved(Exception):
     """The listing moved to a piece of its reservation (another listing of it sold) before we locked it."""
 
 
-def listing_purchase(*, buyer, listing_id, now: datetime | None = None) -> Purchase:
+def listing_purchase(*, buyer, listing_id, now: datetime | None = None, project=None) -> Purchase:
     """Buy a listed window: paid from the buyer's wallet, the seller credited less the fee, the reservation
     split so that the window is the buyer's and no longer the seller's. A window sells once."""
     now = now or timezone.now()
     for _ in range(market("PLACE_RETRIES") + 1):
         try:
             with transaction.atomic():  # a savepoint per try: a try that saw the listing move lets its locks go
-                return _purchase(buyer=buyer, listing_id=listing_id, now=now)
+                return _purchase(buyer=buyer, listing_id=listing_id, now=now, project=project)
         except _ListingMoved:
             continue
     raise Conflict("the listing is moving between pieces of its reservation; try again", code="busy")
 
 
-def _purchase(*, buyer, listing_id, now: datetime) -> Purchase:
+def _purchase(*, buyer, listing_id, now: datetime, project=None) -> Purchase:
     reservation_id = ResaleListing.objects.filter(pk=listing_id).values_list("reservation_id", flat=True).first()
     if reservation_id is None:
         raise NotFound("no such listing", field="listing")
@@ -121,10 +121,10 @@ def _purchase(*, buyer, listing_id, now: datetime) -> Purchase:
     order = Order.objects.create(buyer=buyer, mode=Mode.RESALE, listing=listing, state=Order.State.PLACED,
                                  gpu_models=[listing.gpu_model], window_start=listing.starts_at,
                                  window_end=listing.ends_at, price_per_hour=listing.ask_per_hour,
-                                 total_price=listing.price_total, placed_at=now)
+                                 total_price=listing.price_total, placed_at=now, project=project)
     fee = ledger.fee_for(amount=listing.price_total, fee_rate=settings.PLATFORM_FEE_RATE)
     ledger.post(kind="resale", memo=f"resale of {str(r.pk)[:8]} {listing.starts_at:%Y-%m-%d %H:%M}",
-                idempotency_key=f"resale:{listing.pk}", order=order.pk,
+                idempotency_key=f"resale:{listing.pk}", order=order.pk, project=project,
                 lines=[(ledger.account_for(user=buyer, kind="wallet"), -listing.price_total),
                        (ledger.account_for(user=listing.seller, kind="wallet"), listing.price_total - fee),
                        (ledger.platform_account("platform_fees"), fee)])

@@ -69,7 +69,7 @@ def reservation_book(*, order: Order, snapshot: Callable[[], allocation.Snapshot
             continue
         if total > 0:
             ledger.charge(buyer=order.buyer, provider=node.provider, amount=total, kind="reservation",
-                          idempotency_key=f"reservation:{r.pk}", order=order.pk,
+                          idempotency_key=f"reservation:{r.pk}", order=order.pk, project=order.project,
                           memo=f"reservation {str(r.pk)[:8]} {profile or gpu.name} {seconds / 3600:g} h")
         order.state, order.placed_at = Order.State.PLACED, now
         order.price_per_hour, order.total_price, order.reasons, order.explain = per_hour, total, {}, ""

@@ -264,3 +264,42 @@ def test_list_endpoints_use_a_fixed_number_of_queries(fleet):
     fleet.play()
     after = {u: count(u) for u in before}
     assert after == before and max(after.values()) <= 8
+
+
+def test_an_order_names_one_of_the_buyers_projects_and_its_usage_and_charges_land_on_that_project(fleet):
+    fleet.node("l4:1", price="3.60")  # on demand 6.48/h
+    buyer, stranger = UserFactory(), UserFactory()
+    top_up(buyer, "20")
+    c = client_for(buyer)
+    mine = c.post("/api/v1/projects/", {"name": "vision"}, format="json").json()["id"]
+    theirs = client_for(stranger).post("/api/v1/projects/", {"name": "secret"}, format="json").json()["id"]
+    # Someone else's project id in the body is refused like a missing one, and nothing is written.
+    for bad in (theirs, 10**9):
+        r = c.post("/api/v1/orders/", {"mode": "on_demand", "project": bad}, format="json")
+        assert r.status_code == 404 and "project" in r.json()["error"]["fields"], r.content
+    assert not Order.objects.exists() and not Lease.objects.exists()
+    r = c.post("/api/v1/orders/", {"mode": "on_demand", "project": mine}, format="json")
+    assert r.status_code == 201 and r.json()["project"] == mine
+    fleet.play()
+    lease = Lease.objects.get(pk=r.json()["leases"][0])
+    t0 = lease.billed_until
+    metering.meter_tick(now=t0 + timedelta(seconds=600))
+    leases.lease_end(lease_id=lease.pk, buyer=buyer, at=t0 + timedelta(seconds=600))
+    charges = LedgerTransaction.objects.filter(lease_id=lease.pk, kind="usage")
+    assert charges and {t.project_id for t in charges} == {mine}
+    body = c.get("/api/v1/statements/", {"month": t0.strftime("%Y-%m"), "project": mine}).json()
+    assert body["totals"]["gpu_seconds"] == 600 and body["totals"]["usage_amount_usd"] == "1.08"
+    assert body["projects"][0]["project"]["name"] == "vision"
+
+
+def test_a_reservation_booked_for_a_project_is_charged_to_it(fleet):
+    fleet.node("l4:1", price="1.00")
+    buyer = UserFactory()
+    top_up(buyer, "20")
+    c = client_for(buyer)
+    mine = c.post("/api/v1/projects/", {"name": "training"}, format="json").json()["id"]
+    start = timezone.now() + timedelta(hours=2)
+    r = c.post("/api/v1/orders/", {"mode": "reserved", "window_start": iso(start), "project": mine,
+                                   "window_end": iso(start + timedelta(hours=1))}, format="json")
+    assert r.status_code == 201, r.content
+    assert LedgerTransaction.objects.get(order_id=r.json()["id"], kind="reservation").project_id == mine
