@@ -22,11 +22,12 @@ def _may_watch_node(user, node_id) -> bool:
 
 
 def _lease_gpu(user, lease_id) -> tuple[str, str] | None:
-    """(node id, GPU uuid) of the user's own lease, or None: a buyer watches only its lease's GPU."""
+    """(node id, GPU uuid) of the user's own open lease, or None: a buyer watches only its lease's GPU, and
+    only while the lease holds it (after that the GPU is the next tenant's)."""
     from marketplace.models import Lease
 
     try:
-        row = (Lease.objects.filter(pk=lease_id, buyer=user)
+        row = (Lease.objects.filter(pk=lease_id, buyer=user, state__in=Lease.OPEN_STATES)
                .values_list("slice__gpu__node_id", "slice__gpu__uuid").first())
     except Exception:  # not a UUID: the same answer as not found
         return None
@@ -42,6 +43,7 @@ class ConsoleConsumer(LoopConsumer):
         self.groups_joined: set[str] = set()
         # node id -> GPU uuids this socket may see there; None = the whole node (its provider, or staff).
         self.visible: dict[str, set[str] | None] = {}
+        self.watched_leases: dict[str, tuple[str, str]] = {}  # lease id -> (node id, GPU uuid)
         await self.accept()
         RELAY.ensure_running()  # events written by worker/beat reach this socket (embedded default)
         # Every socket of a user hears that user's market events (lease running, balance low, interruption).
@@ -75,6 +77,7 @@ class ConsoleConsumer(LoopConsumer):
                 await self.send(text_data=json.dumps({"type": "error", "message": f"cannot watch lease {lease_id}"}))
                 return
             node_id, gpu_uuid = found
+            self.watched_leases[str(lease_id)] = found
             if self.visible.get(node_id, set()) is not None:
                 self.visible.setdefault(node_id, set()).add(gpu_uuid)
         else:
@@ -108,4 +111,18 @@ class ConsoleConsumer(LoopConsumer):
         await self.send(text_data=json.dumps({"type": "changed", "node": message["node"], "change": message["change"]}))
 
     async def market_event(self, message: dict):
+        event = message["event"]
+        if event.get("type") in ("lease_ended", "lease_failed"):
+            self._stop_watching_lease(str(event.get("lease")))
         await self.send(text_data=json.dumps({"type": "market", "event": message["event"]}))
+
+    def _stop_watching_lease(self, lease_id: str) -> None:
+        """The lease is over: its GPU's readings are no longer this user's (unless another open lease of
+        theirs, or the whole node, is watched here)."""
+        found = self.watched_leases.pop(lease_id, None)
+        if found is None:
+            return
+        node_id, gpu_uuid = found
+        allowed = self.visible.get(node_id)
+        if allowed is not None and found not in self.watched_leases.values():
+            allowed.discard(gpu_uuid)
