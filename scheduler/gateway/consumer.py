@@ -116,8 +116,7 @@ class AgentConsumer(LoopConsumer):
             await self._error(exc.code, exc.message)
             await self.close(code={401: CLOSE_UNAUTHORISED, 403: CLOSE_FORBIDDEN}.get(exc.status, CLOSE_BAD_FRAME))
             return
-        self.gpu_ids, self.cordoned, open_commands = state
-        self.last_dbe.clear()
+        self.gpu_ids, self.cordoned, open_commands, self.last_dbe = state
         self.ready = True
         await self.send(text_data=protocol.encode(protocol.welcome(
             node_id=str(self.node_id), metrics_interval=settings.FLEET["METRICS_INTERVAL_SECONDS"],
@@ -178,6 +177,9 @@ def _apply_hello(node_id, frame: dict, token_hash: str | None = None):
     from scheduler.models import Gpu
 
     node = node_services.node_hello(node_id=node_id, frame=frame, token_hash=token_hash)
-    gpus = list(Gpu.objects.filter(node=node, present=True).values_list("uuid", "pk", "health"))
-    return ({u: pk for u, pk, _ in gpus}, {u for u, _, h in gpus if h == Gpu.Health.CORDONED},
-            command_services.commands_open_for(node_id=node_id))
+    gpus = list(Gpu.objects.filter(node=node, present=True).values_list("uuid", "pk", "health", "latest__ecc_dbe"))
+    # The last stored ECC count is the baseline: an operator's uncordon holds across a reconnect until the
+    # count grows (starting from nothing, the first sample would cordon the GPU again).
+    return ({u: pk for u, pk, _, _ in gpus}, {u for u, _, h, _ in gpus if h == Gpu.Health.CORDONED},
+            command_services.commands_open_for(node_id=node_id),
+            {u: dbe for u, _, _, dbe in gpus if dbe is not None})

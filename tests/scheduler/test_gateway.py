@@ -386,3 +386,30 @@ async def test_a_socket_opened_with_a_token_that_was_rotated_before_its_hello_is
     assert err["type"] == "error" and err["code"] == protocol.E_UNAUTHORISED
     await expect_close(comm, 4401)
     assert (await counts())[0] == 0
+
+
+async def test_an_operators_uncordon_holds_across_an_agent_reconnect_until_new_ecc_errors_arrive():
+    from scheduler.services import health as health_services
+
+    node, token = await sync_to_async(node_with_token)()
+    backend = sim_backend("a100-80gb:1", hostname="ecc")
+    gpu_uuid = backend.inventory()["gpus"][0]["uuid"]
+    comm = await connect_agent(token, backend)
+    backend.inject_fault(gpu_uuid, "ecc")
+    await comm.send_to(text_data=protocol.encode(metrics_from(backend)))
+    await barrier(comm)
+    await INGEST.flush()
+    gpu = await sync_to_async(Gpu.objects.get)(uuid=gpu_uuid)
+    assert gpu.health == Gpu.Health.CORDONED
+    await sync_to_async(health_services.gpu_uncordon)(gpu_id=gpu.pk)
+    await comm.disconnect()
+    comm = await connect_agent(token, backend)  # e.g. the web process restarted
+    for _ in range(3):  # the same (volatile) count: nothing new happened to the memory
+        await comm.send_to(text_data=protocol.encode(metrics_from(backend)))
+    await barrier(comm)
+    assert (await sync_to_async(Gpu.objects.get)(uuid=gpu_uuid)).health == Gpu.Health.HEALTHY
+    backend.inject_fault(gpu_uuid, "ecc")  # a new error does cordon it again
+    await comm.send_to(text_data=protocol.encode(metrics_from(backend)))
+    await barrier(comm)
+    assert (await sync_to_async(Gpu.objects.get)(uuid=gpu_uuid)).health == Gpu.Health.CORDONED
+    await comm.disconnect()
