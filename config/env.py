@@ -5,7 +5,9 @@ silently fall back to a default.
 """
 from __future__ import annotations
 
+import math
 import os
+import re
 from decimal import Decimal, InvalidOperation
 from urllib.parse import parse_qs, unquote, urlparse
 
@@ -66,19 +68,23 @@ def env_float(name: str, default: float, *, minimum: float | None = None, maximu
         number = float(value)
     except ValueError:
         raise ImproperlyConfiguredEnv(name, f"expected a number, got {value!r}") from None
-    if number != number or (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
+    if not math.isfinite(number):
+        raise ImproperlyConfiguredEnv(name, f"expected a finite number, got {value!r}")
+    if (minimum is not None and number < minimum) or (maximum is not None and number > maximum):
         raise ImproperlyConfiguredEnv(name, f"{number} is outside [{minimum}, {maximum}]")
     return number
 
 
-def env_decimal(name: str, default: str, *, minimum: Decimal | None = None) -> Decimal:
+def env_decimal(name: str, default: str, *, minimum: Decimal | None = None,
+                maximum: Decimal | int | None = None) -> Decimal:
     value = _raw(name) or default
     try:
         number = Decimal(value)
     except InvalidOperation:
         raise ImproperlyConfiguredEnv(name, f"expected a decimal number, got {value!r}") from None
-    if not number.is_finite() or (minimum is not None and number < minimum):
-        raise ImproperlyConfiguredEnv(name, f"{value} is not a valid amount")
+    if not number.is_finite() or (minimum is not None and number < minimum) or (
+            maximum is not None and number > maximum):
+        raise ImproperlyConfiguredEnv(name, f"{value} is not a valid amount (between {minimum} and {maximum})")
     return number
 
 
@@ -87,6 +93,36 @@ def env_list(name: str, default: list[str]) -> list[str]:
     if value is None:
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_int_list(name: str, default: list[int]) -> list[int]:
+    """Comma-separated integers ("48,79")."""
+    items = env_list(name, [str(d) for d in default])
+    try:
+        return [int(item) for item in items]
+    except ValueError:
+        raise ImproperlyConfiguredEnv(name, f"expected comma-separated integers, got {','.join(items)!r}") from None
+
+
+_RATE = re.compile(r"^\d+/(s|sec|second|m|min|minute|h|hour|d|day)$")
+
+
+def env_rate(name: str, default: str) -> str:
+    """A DRF throttle rate such as "100/min" (checked here, or DRF would fail on the first request)."""
+    value = env_str(name, default)
+    if not _RATE.match(value):
+        raise ImproperlyConfiguredEnv(name, f"expected a rate like 100/min or 5/second, got {value!r}")
+    return value
+
+
+_LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+
+
+def env_log_level(name: str, default: str) -> str:
+    value = env_str(name, default).upper()
+    if value not in _LOG_LEVELS:
+        raise ImproperlyConfiguredEnv(name, f"expected one of {', '.join(_LOG_LEVELS)}, got {value!r}")
+    return value
 
 
 def database_from_url(name: str, url: str) -> dict:

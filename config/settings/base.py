@@ -8,8 +8,8 @@ from __future__ import annotations
 from decimal import Decimal
 from pathlib import Path
 
-from config.env import (database_from_url, env_bool, env_decimal, env_float, env_int, env_list, env_str,
-                        redis_url)
+from config.env import (database_from_url, env_bool, env_decimal, env_float, env_int, env_int_list, env_list,
+                        env_log_level, env_rate, env_str, redis_url)
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(env_str("GPUMARKET_VAR_DIR", str(BASE_DIR / "var")))
@@ -131,7 +131,7 @@ FLEET = {
     "MAX_ECC_DBE": env_int("FLEET_MAX_ECC_DBE", 0, minimum=0),
     # XIDs that mean the GPU needs attention (NVIDIA XID catalogue: 48 DBE, 63/64 row remap, 74 NVLink,
     # 79 fallen off the bus, 92 high SBE rate, 94/95 contained/uncontained ECC).
-    "CORDON_XIDS": [int(x) for x in env_list("FLEET_CORDON_XIDS", ["48", "63", "64", "74", "79", "92", "94", "95"])],
+    "CORDON_XIDS": env_int_list("FLEET_CORDON_XIDS", [48, 63, 64, 74, 79, 92, 94, 95]),
 }
 
 # --- REST API ----------------------------------------------------------------------------------
@@ -147,8 +147,8 @@ REST_FRAMEWORK = {
     "EXCEPTION_HANDLER": "marketplace.api.errors.exception_handler",
     "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.UserRateThrottle",
                                  "rest_framework.throttling.AnonRateThrottle"],
-    "DEFAULT_THROTTLE_RATES": {"user": env_str("API_THROTTLE_USER", "6000/min"),
-                               "anon": env_str("API_THROTTLE_ANON", "120/min")},
+    "DEFAULT_THROTTLE_RATES": {"user": env_rate("API_THROTTLE_USER", "6000/min"),
+                               "anon": env_rate("API_THROTTLE_ANON", "120/min")},
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
 }
 SPECTACULAR_SETTINGS = {"TITLE": "GPU Market API", "VERSION": "1.0.0",
@@ -156,7 +156,7 @@ SPECTACULAR_SETTINGS = {"TITLE": "GPU Market API", "VERSION": "1.0.0",
                         "SERVE_INCLUDE_SCHEMA": False}
 
 # --- Money -------------------------------------------------------------------------------------
-PLATFORM_FEE_RATE = env_decimal("PLATFORM_FEE_RATE", "0.10", minimum=Decimal("0"))
+PLATFORM_FEE_RATE = env_decimal("PLATFORM_FEE_RATE", "0.10", minimum=Decimal("0"), maximum=1)
 STRIPE_SECRET_KEY = env_str("STRIPE_SECRET_KEY")
 STRIPE_PUBLISHABLE_KEY = env_str("STRIPE_PUBLISHABLE_KEY")
 STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET")
@@ -170,7 +170,7 @@ MARKET = {
     "PREEMPT_NOTICE_SECONDS": env_float("MARKET_PREEMPT_NOTICE_SECONDS", 120.0, minimum=0),
     "SHORT_NOTICE_CREDIT_HOURS": env_decimal("MARKET_SHORT_NOTICE_CREDIT_HOURS", "1", minimum=Decimal("0")),
     "RESERVED_AHEAD_SECONDS": env_float("MARKET_RESERVED_AHEAD_SECONDS", 3600.0, minimum=0),
-    "RESALE_CAP": env_decimal("MARKET_RESALE_CAP", "0.90", minimum=Decimal("0")),
+    "RESALE_CAP": env_decimal("MARKET_RESALE_CAP", "0.90", minimum=Decimal("0"), maximum=1),
     "MAX_DURATION_SECONDS": env_int("MARKET_MAX_DURATION_SECONDS", 90 * 86400, minimum=60),
     "MIN_PREPAID_SECONDS": env_float("MARKET_MIN_PREPAID_SECONDS", 600.0, minimum=0),
     "BALANCE_WARN_SECONDS": env_float("MARKET_BALANCE_WARN_SECONDS", 900.0, minimum=0),
@@ -189,7 +189,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "root": {"handlers": ["console"], "level": env_log_level("LOG_LEVEL", "INFO")},
     "loggers": {"django.db.backends": {"level": "WARNING"}},
 }
 
