@@ -1,6 +1,7 @@
 """The baseline for bench/metrics_ingest.py: a websocket that echoes each frame back through the channel
-layer and nothing else (no validation, no buffering, no fan-out). The same server, layer and transport as
-the gateway, so the gap between the two is what the gateway's own work costs."""
+layer and nothing else (no validation, no buffering, no fan-out, no database). The same server, layer,
+transport and consumer base (no per-message thread hop) as the gateway, so the gap between the two is what
+the gateway's own work costs."""
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
@@ -9,12 +10,13 @@ import django  # noqa: E402
 
 django.setup()
 
-from channels.generic.websocket import AsyncWebsocketConsumer  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from scheduler.gateway.base import LoopConsumer  # noqa: E402
 
-class EchoConsumer(AsyncWebsocketConsumer):
+
+class EchoConsumer(LoopConsumer):
     async def receive(self, text_data=None, bytes_data=None):
         await self.channel_layer.send(self.channel_name, {"type": "echo", "text": text_data})
 
