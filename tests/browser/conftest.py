@@ -2,7 +2,8 @@
 uvicorn, Celery worker and beat, real simulated agent processes and a local fake Stripe (localstripe) — on
 loopback with its own SQLite database. One stack per session; each test logs in its own users.
 
-Each test leaves a screenshot in docs/screenshots/<test name>.png.
+Each test leaves a screenshot in var/screenshots/<test name>.png (the README shows copies of two of them,
+kept in docs/screenshots/).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from tests.e2e.livestack import ROOT, LiveStack, wait_until
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
-SHOTS = ROOT / "docs" / "screenshots"
+SHOTS = ROOT / "var" / "screenshots"  # not tracked; README images are copies in docs/screenshots
 PASSWORD = "browser-pass-1"
 USERS = ["buyer-ann", "buyer-bob", "buyer-cat", "prov-dan"]
 
