@@ -61,59 +61,61 @@ class Command(BaseCommand):
             procs.append((name, subprocess.Popen(argv, env={**env, **(extra_env or {})}, stdout=out,
                                                  stderr=subprocess.STDOUT, start_new_session=True)))
 
-        fake_stripe = not settings.STRIPE_SECRET_KEY
-        if fake_stripe:
-            # No Stripe account configured: payments go to localstripe on loopback, with demo keys and a
-            # webhook secret made up for this run, handed to web/worker/beat through their environment.
-            if not localstripe.available():
-                raise CommandError("localstripe is not installed: pip install -r requirements-dev.txt")
-            if not _port_free("127.0.0.1", stripe_port):
-                raise CommandError(f"port {stripe_port} is in use: stop what runs there or pass --stripe-port")
-            start("localstripe", localstripe.argv(port=stripe_port, python=py))
-            stripe_base = f"http://127.0.0.1:{stripe_port}"
-            env.update({"STRIPE_SECRET_KEY": "sk_test_local", "STRIPE_PUBLISHABLE_KEY": "pk_test_local",
-                        "STRIPE_API_BASE": stripe_base,
-                        "STRIPE_WEBHOOK_SECRET": "whsec_demo_" + secrets.token_hex(16)})
-            if not localstripe.wait_until_listening(port=stripe_port):
-                self._stop(procs)
-                raise CommandError(f"localstripe did not start; see {logs / 'localstripe.log'}")
-            localstripe.register_webhook(api_base=stripe_base, url=f"http://{_loopback(host)}:{port}/stripe/webhook/",
-                                         secret=env["STRIPE_WEBHOOK_SECRET"])
-        start("web", [py, "-m", "uvicorn", "config.asgi:application", "--host", host, "--port", str(port),
-                      "--ws", "websockets-sansio", "--log-level", "warning"])
-        start("worker", [py, "-m", "celery", "-A", "config", "worker", "--pool", "solo", "--without-mingle",
-                         "--without-gossip", "--loglevel", "INFO"])
-        start("beat", [py, "-m", "celery", "-A", "config", "beat", "--loglevel", "INFO"])
-        if not _wait_for_port(host, port, time.monotonic() + 30):
-            self._stop(procs)
-            raise CommandError(f"the web server did not start; see {logs / 'web.log'}")
-        if not no_agents:
-            for spec, node, token in nodes:
-                start(f"agent-{spec.name}", [py, "-m", "nodeagent", "--server", f"ws://{host}:{port}/ws/agent/",
-                                             "--simulate", spec.simulate, "--hostname", f"{spec.name}.local"],
-                      {"NODEAGENT_TOKEN": token})
         # `kill` or a closed terminal must stop the children too, not only Ctrl-C.
         def _terminate(signum, frame):
             raise KeyboardInterrupt
         signal.signal(signal.SIGTERM, _terminate)
         signal.signal(signal.SIGHUP, _terminate)
-        url = f"http://{host}:{port}/"
-        self.stdout.write(self.style.SUCCESS(f"\nGPU Market is running at {url}"))
-        for username, password, staff in DEMO_USERS:
-            self.stdout.write(f"  log in as {username:<9} password {password}{'   (operator: ' + url + 'admin/)' if staff else ''}")
-        self.stdout.write(f"  simulated servers: " + ", ".join(f"{s.name} ({s.simulate})" for s, _, _ in nodes))
-        if fake_stripe:
-            self.stdout.write(f"  payments: local fake Stripe at {env['STRIPE_API_BASE']} (card 4242424242424242"
-                              " pays, 4000000000000341 is declined)")
-        self.stdout.write(f"  API docs: {url}api/docs/   logs: {logs}/\nPress Ctrl-C to stop everything.\n")
+        # Everything started is stopped however this ends: Ctrl-C while the web server is still starting,
+        # a child that fails to start, or Ctrl-C later (the children run in their own sessions, so the
+        # terminal's SIGINT does not reach them).
         try:
-            while True:
-                for name, proc in procs:
-                    if proc.poll() is not None:
-                        raise CommandError(f"{name} exited with {proc.returncode}; see {logs / (name + '.log')}")
-                time.sleep(1)
-        except KeyboardInterrupt:
-            self.stdout.write("\nstopping…")
+            fake_stripe = not settings.STRIPE_SECRET_KEY
+            if fake_stripe:
+                # No Stripe account configured: payments go to localstripe on loopback, with demo keys and a
+                # webhook secret made up for this run, handed to web/worker/beat through their environment.
+                if not localstripe.available():
+                    raise CommandError("localstripe is not installed: pip install -r requirements-dev.txt")
+                if not _port_free("127.0.0.1", stripe_port):
+                    raise CommandError(f"port {stripe_port} is in use: stop what runs there or pass --stripe-port")
+                start("localstripe", localstripe.argv(port=stripe_port, python=py))
+                stripe_base = f"http://127.0.0.1:{stripe_port}"
+                env.update({"STRIPE_SECRET_KEY": "sk_test_local", "STRIPE_PUBLISHABLE_KEY": "pk_test_local",
+                            "STRIPE_API_BASE": stripe_base,
+                            "STRIPE_WEBHOOK_SECRET": "whsec_demo_" + secrets.token_hex(16)})
+                if not localstripe.wait_until_listening(port=stripe_port):
+                    raise CommandError(f"localstripe did not start; see {logs / 'localstripe.log'}")
+                localstripe.register_webhook(api_base=stripe_base, url=f"http://{_loopback(host)}:{port}/stripe/webhook/",
+                                             secret=env["STRIPE_WEBHOOK_SECRET"])
+            start("web", [py, "-m", "uvicorn", "config.asgi:application", "--host", host, "--port", str(port),
+                          "--ws", "websockets-sansio", "--log-level", "warning"])
+            start("worker", [py, "-m", "celery", "-A", "config", "worker", "--pool", "solo", "--without-mingle",
+                             "--without-gossip", "--loglevel", "INFO"])
+            start("beat", [py, "-m", "celery", "-A", "config", "beat", "--loglevel", "INFO"])
+            if not _wait_for_port(host, port, time.monotonic() + 30):
+                raise CommandError(f"the web server did not start; see {logs / 'web.log'}")
+            if not no_agents:
+                for spec, node, token in nodes:
+                    start(f"agent-{spec.name}", [py, "-m", "nodeagent", "--server", f"ws://{host}:{port}/ws/agent/",
+                                                 "--simulate", spec.simulate, "--hostname", f"{spec.name}.local"],
+                          {"NODEAGENT_TOKEN": token})
+            url = f"http://{host}:{port}/"
+            self.stdout.write(self.style.SUCCESS(f"\nGPU Market is running at {url}"))
+            for username, password, staff in DEMO_USERS:
+                self.stdout.write(f"  log in as {username:<9} password {password}{'   (operator: ' + url + 'admin/)' if staff else ''}")
+            self.stdout.write(f"  simulated servers: " + ", ".join(f"{s.name} ({s.simulate})" for s, _, _ in nodes))
+            if fake_stripe:
+                self.stdout.write(f"  payments: local fake Stripe at {env['STRIPE_API_BASE']} (card 4242424242424242"
+                                  " pays, 4000000000000341 is declined)")
+            self.stdout.write(f"  API docs: {url}api/docs/   logs: {logs}/\nPress Ctrl-C to stop everything.\n")
+            try:
+                while True:
+                    for name, proc in procs:
+                        if proc.poll() is not None:
+                            raise CommandError(f"{name} exited with {proc.returncode}; see {logs / (name + '.log')}")
+                    time.sleep(1)
+            except KeyboardInterrupt:
+                self.stdout.write("\nstopping…")
         finally:
             self._stop(procs)
         self.stdout.write("stopped.")

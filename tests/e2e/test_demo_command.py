@@ -1,0 +1,72 @@
+"""`manage.py demo` stops every process it started, however it is interrupted (no real processes here)."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from django.core.management import call_command
+
+from marketplace.management.commands import demo
+
+pytestmark = pytest.mark.django_db
+
+
+class FakeProc:
+    pids = itertools.count(900000)
+
+    def __init__(self, argv, **kw):
+        self.argv, self.pid, self.returncode = argv, next(self.pids), None
+
+    def poll(self):
+        return self.returncode
+
+    def wait(self, timeout=None):
+        self.returncode = -15
+        return self.returncode
+
+
+@pytest.fixture
+def fake_children(monkeypatch, tmp_path, settings):
+    started, killed = [], []
+
+    def popen(argv, **kw):
+        proc = FakeProc(argv, **kw)
+        started.append(proc)
+        return proc
+
+    def killpg(pid, sig):
+        killed.append(pid)
+        next(p for p in started if p.pid == pid).returncode = -sig
+
+    settings.VAR_DIR = tmp_path
+    monkeypatch.setattr(demo.subprocess, "Popen", popen)
+    monkeypatch.setattr(demo.os, "killpg", killpg)
+    monkeypatch.setattr(demo.signal, "signal", lambda *a: None)  # keep pytest's own handlers
+    monkeypatch.setattr(demo, "_port_free", lambda host, port: True)
+    monkeypatch.setattr(demo.localstripe, "available", lambda: True)
+    monkeypatch.setattr(demo.localstripe, "wait_until_listening", lambda **kw: True)
+    monkeypatch.setattr(demo.localstripe, "register_webhook", lambda **kw: None)
+    return started, killed
+
+
+def test_ctrl_c_while_the_web_server_is_starting_stops_what_was_already_started(fake_children, monkeypatch):
+    started, killed = fake_children
+
+    def interrupted(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(demo, "_wait_for_port", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        call_command("demo")
+    assert len(started) == 4  # localstripe, web, worker, beat
+    assert sorted(killed) == sorted(p.pid for p in started)
+
+
+def test_a_web_server_that_does_not_start_stops_the_others_with_a_message(fake_children, monkeypatch):
+    from django.core.management.base import CommandError
+
+    started, killed = fake_children
+    monkeypatch.setattr(demo, "_wait_for_port", lambda *a: False)
+    with pytest.raises(CommandError, match="web server did not start"):
+        call_command("demo")
+    assert sorted(killed) == sorted(p.pid for p in started)
