@@ -47,6 +47,16 @@ def _simulate_spec(text: str) -> list[tuple[str, int]]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _share(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a share must be between 0 and 1, not {text}")
+    return value
+
+
 def _hostname(text: str) -> str:
     if not text or len(text) > 253 or any(c.isspace() for c in text):
         raise argparse.ArgumentTypeError(f"{text!r} is not a host name")
@@ -69,6 +79,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--interval", type=_interval, default=1.0,
                         help="seconds between metrics frames until the server's welcome says otherwise")
     parser.add_argument("--seed", type=int, help="random seed of the simulated backend (reproducible runs)")
+    parser.add_argument("--busy-on-create", type=_share, default=0.0, metavar="SHARE",
+                        help="simulated backend: new instances run a workload at about this load (0..1; "
+                             "default 0, idle until a set_busy command)")
     parser.add_argument("--log-level", default="INFO", type=str.upper,
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO")
     parser.add_argument("--version", action="version", version=f"nodeagent {__version__}")
@@ -79,7 +92,8 @@ def make_backend(args: argparse.Namespace) -> Backend:
     """The simulated backend when asked for, else NVML (raises NvmlUnavailable without a driver)."""
     if args.simulate:
         from .backends.simulated import SimulatedBackend
-        return SimulatedBackend(args.simulate, hostname=args.hostname, seed=args.seed)
+        return SimulatedBackend(args.simulate, hostname=args.hostname, seed=args.seed,
+                                busy_on_create=args.busy_on_create)
     from .backends.nvml import NvmlBackend
     return NvmlBackend(hostname=args.hostname)
 
@@ -92,6 +106,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no token: pass --token or set NODEAGENT_TOKEN")
     if args.seed is not None and not args.simulate:
         parser.error("--seed only applies with --simulate")
+    if args.busy_on_create and not args.simulate:
+        parser.error("--busy-on-create only applies with --simulate")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from .backends.nvml import NvmlUnavailable

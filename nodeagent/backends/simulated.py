@@ -100,7 +100,12 @@ class SimulatedBackend(Backend):
     name = "simulated"
 
     def __init__(self, spec: str | list[tuple[str, int]], *, hostname: str | None = None,
-                 seed: int | None = None):
+                 seed: int | None = None, busy_on_create: float = 0.0):
+        """`busy_on_create` (0..1) simulates a buyer's workload: a new instance (or a whole GPU taken by
+        a lease) runs at about that load instead of idling until `set_busy`."""
+        if not 0.0 <= busy_on_create <= 1.0:
+            raise ValueError(f"busy_on_create must be a share 0..1, not {busy_on_create!r}")
+        self.busy_on_create = busy_on_create
         models = parse_simulate_spec(spec) if isinstance(spec, str) else list(spec)
         self.hostname = hostname or socket.gethostname()
         self._rng = random.Random(f"{self.hostname}:{seed}" if seed is not None else None)
@@ -168,10 +173,17 @@ class SimulatedBackend(Backend):
             reason = mig.why_not(geo, existing, profile, start)
             if reason:
                 raise BackendError(protocol.E_INSUFFICIENT, reason)
-            inst = SimInstance(uuid="MIG-" + str(uuidlib.uuid4()), profile=profile, start=start)
+            inst = SimInstance(uuid="MIG-" + str(uuidlib.uuid4()), profile=profile, start=start,
+                               busy=self._workload())
             gpu.instances.append(inst)
         return {"instance_uuid": inst.uuid, "gpu_uuid": gpu_uuid, "profile": profile, "start": start,
                 "size": geo.profile(profile).memory_slices, "cuda_visible_devices": inst.uuid}
+
+    def _workload(self) -> float:
+        """Load of a freshly created instance: workloads differ, so ±20% around busy_on_create."""
+        if not self.busy_on_create:
+            return 0.0
+        return min(1.0, self.busy_on_create * self._rng.uniform(0.8, 1.2))
 
     def destroy_instance(self, gpu_uuid: str, instance_uuid: str) -> dict:
         with self._lock:

@@ -24,6 +24,8 @@ FORBIDDEN = ("django", "rest_framework", "channels", "celery", "marketplace", "c
     (["--server", "ws://h/", "--token", "t", "--seed", "1"], "--seed only applies with --simulate"),
     (["--server", "ws://h/", "--token", "t", "--simulate", "l4:1", "--log-level", "loud"], "invalid choice"),
     (["--server", "ws://h/", "--simulate", "l4:1"], "no token"),
+    (["--server", "ws://h/", "--token", "t", "--simulate", "l4:1", "--busy-on-create", "2"], "between 0 and 1"),
+    (["--server", "ws://h/", "--token", "t", "--busy-on-create", "0.5"], "only applies with --simulate"),
 ])
 def test_bad_command_lines_exit_2_with_a_clear_error(argv, words, capsys, monkeypatch):
     monkeypatch.delenv("NODEAGENT_TOKEN", raising=False)
@@ -41,6 +43,9 @@ def test_good_command_line_parses_with_token_from_the_environment(monkeypatch):
     assert (args.interval, args.seed, args.hostname, args.log_level) == (0.5, 4, "rack1-n3", "DEBUG")
     backend = cli.make_backend(args)
     assert backend.name == "simulated" and len(backend.inventory()["gpus"]) == 10
+    assert backend.busy_on_create == 0.0
+    args = cli.build_parser().parse_args(["--server", "ws://h/", "--simulate", "l4:1", "--busy-on-create", "0.8"])
+    assert cli.make_backend(args).busy_on_create == 0.8
 
 
 def test_nodeagent_source_imports_nothing_from_the_web_application():

@@ -206,3 +206,24 @@ def test_same_seed_gives_the_same_metrics():
     a, _ = make(seed=3)
     b, _ = make(seed=3)
     assert _settle(a, 5) == _settle(b, 5)
+
+
+def test_with_a_simulated_workload_new_instances_push_the_gpus_utilisation_up():
+    from nodeagent.backends.simulated import SimulatedBackend
+
+    idle = SimulatedBackend("h100-80gb:1", hostname="w", seed=3)
+    busy = SimulatedBackend("h100-80gb:1", hostname="w", seed=3, busy_on_create=0.9)
+    for backend in (idle, busy):
+        gpu = backend.inventory()["gpus"][0]["uuid"]
+        backend.create_instance(gpu, "7g.80gb", 0)
+    for _ in range(60):  # utilisation follows load with some lag
+        idle_util, busy_util = idle.sample()[0]["util"], busy.sample()[0]["util"]
+    assert idle_util < 10 < 50 < busy_util
+
+
+@pytest.mark.parametrize("share", [-0.1, 1.5])
+def test_a_workload_share_outside_0_to_1_is_refused(share):
+    from nodeagent.backends.simulated import SimulatedBackend
+
+    with pytest.raises(ValueError):
+        SimulatedBackend("l4:1", busy_on_create=share)

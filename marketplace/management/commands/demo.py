@@ -97,7 +97,8 @@ class Command(BaseCommand):
             if not no_agents:
                 for spec, node, token in nodes:
                     start(f"agent-{spec.name}", [py, "-m", "nodeagent", "--server", f"ws://{host}:{port}/ws/agent/",
-                                                 "--simulate", spec.simulate, "--hostname", f"{spec.name}.local"],
+                                                 "--simulate", spec.simulate, "--hostname", f"{spec.name}.local",
+                                             "--busy-on-create", "0.8"],
                           {"NODEAGENT_TOKEN": token})
             url = f"http://{host}:{port}/"
             self.stdout.write(self.style.SUCCESS(f"\nGPU Market is running at {url}"))
