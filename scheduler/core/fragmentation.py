@@ -10,6 +10,14 @@ the task's profile now" (NVIDIA's start slots, count limits and compute-slice bu
 so frag is a share of one GPU (0..1). A placement's cost is Δfrag = frag(after) − frag(before); it is
 negative when the placement eats slices that were useless anyway.
 
+Requests that cannot run on a model at all (too large for any of its profiles, or a model list that leaves
+it out) stay in that model's mix as the pseudo-profile `NO_ACCESS`, for which every free slice is unusable:
+FGD's case 1 ("a task that cannot run on the node sees all of its idle GPU resources as fragments";
+`GetNodePodFrag` → `NoAccess`/`Q2LackGpu` in the paper's simulator). Without it, a small card that most of
+the workload cannot use (an A30 beside A100-80GBs) looks exactly as precious as a large one, and slices that
+would fit it get cut out of the large cards instead. `DemandMix(no_access=False)` drops them (the measure
+before this term was added).
+
 The demand mix is learnt from requests (`DemandMix.observe`) on top of a prior that favours small slices
 (most pods in the Alibaba openb trace ask for a fraction of a GPU). The mix the measure uses is a snapshot
 refreshed every `refresh_every` observations, so cached fragmentation values stay valid between refreshes.
@@ -25,6 +33,7 @@ from .gpus import GPU_MODELS
 if TYPE_CHECKING:
     from .model import Request
 
+NO_ACCESS = "-"  # pseudo-profile: the request cannot run on this model; all free slices are unusable to it
 PRIOR_STRENGTH = 20.0  # the prior counts as this many requests
 SMALLEST_PRIOR_BOOST = 3.0  # the smallest profile weighs this much more than each other profile in the prior
 
@@ -40,12 +49,15 @@ def profile_mask(p: mig.MigProfile, start: int) -> int:
 class DemandMix:
     """Distribution over MIG profiles per GPU model, learnt from the requests seen."""
 
-    def __init__(self, *, refresh_every: int = 256) -> None:
+    def __init__(self, *, refresh_every: int = 256, no_access: bool = True) -> None:
         self.refresh_every = refresh_every
+        self.no_access = no_access
         self._counts: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
         self._pending = 0
         self.version = 0
         self._snapshot: dict[str, tuple[tuple[str, float], ...]] = {}
+        self._multi: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))  # model -> k -> mass
+        self._node_snapshot: dict[str, tuple[tuple[int, float], ...]] = {}
         self._fit_cache: dict[tuple[str, float, int, bool], str | None] = {}
 
     @staticmethod
@@ -72,12 +84,18 @@ class DemandMix:
     def observe(self, request: "Request") -> None:
         """Count the profile `request` would take on every MIG model in the catalog."""
         for key, spec in GPU_MODELS.items():
-            if spec.mig is None or (request.models is not None and key not in request.models):
+            if spec.mig is None:
                 continue
-            name = self.profile_for(model=key, memory_gb=request.memory_gb,
-                                    compute_slices=request.compute_slices, whole=request.wants_whole)
+            name = None
+            if request.models is None or key in request.models:
+                name = self.profile_for(model=key, memory_gb=request.memory_gb,
+                                        compute_slices=request.compute_slices, whole=request.wants_whole)
+            if name is None and self.no_access:
+                name = NO_ACCESS
             if name is not None:
                 self._counts[key][name] += max(1, request.gpu_count)
+                if request.gpu_count > 1 and name != NO_ACCESS:
+                    self._multi[key][request.gpu_count] += request.gpu_count
         self._pending += 1
         if self._pending >= self.refresh_every:
             self.refresh()
@@ -87,6 +105,28 @@ class DemandMix:
         self._pending = 0
         self.version += 1
         self._snapshot.clear()
+        self._node_snapshot.clear()
+
+    def multi_gpu(self, model: str) -> tuple[tuple[int, float], ...]:
+        """(k, probability) of requests for k ≥ 2 whole GPUs on one node, on the same scale as
+        `distribution` (each such request weighs k there, as k full profiles, and here)."""
+        snap = self._node_snapshot.get(model)
+        if snap is None:
+            g = GPU_MODELS[model].mig
+            total = 0.0
+            if g is not None:
+                total = sum(self.prior(g).values()) + sum(self._counts.get(model, {}).values())
+            multi = self._multi.get(model, {})
+            snap = tuple(sorted((k, n / total) for k, n in multi.items())) if total else ()
+            self._node_snapshot[model] = snap
+        return snap
+
+    def no_access_share(self, model: str) -> float:
+        """Share of the mix (at the snapshot) that cannot run on `model` at all."""
+        for name, p in self.distribution(model):
+            if name == NO_ACCESS:
+                return p
+        return 0.0
 
     def distribution(self, model: str) -> tuple[tuple[str, float], ...]:
         """(profile, probability) pairs for a MIG model, prior plus what was observed up to the snapshot."""
@@ -105,7 +145,9 @@ class DemandMix:
 
 
 def usable_mask(geometry: mig.MigGeometry, instances: Sequence[mig.Instance], profile: str) -> int:
-    """Memory slices that some legal placement of `profile` would cover now."""
+    """Memory slices that some legal placement of `profile` would cover now (none for NO_ACCESS)."""
+    if profile == NO_ACCESS:
+        return 0
     p = geometry.profile(profile)
     mask = 0
     for s in mig.legal_starts(geometry, instances, profile):
@@ -171,3 +213,23 @@ class FragCache:
     def whole_delta(self, model: str, geometry: mig.MigGeometry) -> float:
         """Δfrag of taking an empty MIG GPU whole: the (small) fragmentation of an empty GPU disappears."""
         return -self.frag(model, geometry, ())
+
+
+def node_delta(multi: Sequence[tuple[int, float]], free_before: int, taken: int) -> float:
+    """Change of the node-level term when `taken` of a node's `free_before` free whole GPUs are used.
+
+    FGD counts a request for k GPUs on one node as unable to run on a node with fewer than k free GPUs, and
+    then all of that node's free GPU capacity is fragment to it. The partly used GPUs' free slices are
+    already in the per-GPU term (as the full profile), so this term counts the free whole GPUs:
+    F_k(node) = free whole GPUs if fewer than k, else 0, and the term is Σ_k P(k) × F_k, in GPUs. Breaking
+    into the last node that could host an 8-GPU job costs 7 × P(8); taking a GPU of a node that already
+    could not host one gains P(8)."""
+    if not multi or taken <= 0:
+        return 0.0
+    after = free_before - taken
+    delta = 0.0
+    for k, p in multi:
+        before_f = free_before if free_before < k else 0
+        after_f = after if after < k else 0
+        delta += p * (after_f - before_f)
+    return delta

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
+from .fragmentation import NO_ACCESS, node_delta
 from .model import GpuState, NodeState, Placement, Request
 from .pricing import slice_price, slice_share
 
@@ -45,10 +46,20 @@ class Option:
 
 
 def _waste(pool: "Pool", gpu: GpuState, request: Request, slice_memory_gb: float) -> float:
+    """WASTE_WEIGHT × the share of the GPU's memory handed out beyond the ask, on a MIG GPU × the share of the
+    demand mix that could run there at all: memory that no other request could use is not lost."""
     if request.wants_whole or slice_memory_gb <= 0:
         return 0.0  # a whole GPU was asked for: nothing is handed out beyond the ask
     gpu_memory = pool.spec(gpu.model).memory_gb
-    return WASTE_WEIGHT * max(0.0, slice_memory_gb - request.memory_gb) / gpu_memory
+    waste = WASTE_WEIGHT * max(0.0, slice_memory_gb - request.memory_gb) / gpu_memory
+    if waste and gpu.geometry is not None:
+        waste *= 1.0 - pool.mix.no_access_share(gpu.model)
+    return waste
+
+
+def rec_free(pool: "Pool", gpu: GpuState) -> bool:
+    """The GPU holds nothing and counts among its node's free whole GPUs (schedulable)."""
+    return not gpu.instances and pool.record(gpu.uuid).free_whole
 
 
 def whole_cost(pool: "Pool", gpu: GpuState, request: Request) -> float:
@@ -57,12 +68,20 @@ def whole_cost(pool: "Pool", gpu: GpuState, request: Request) -> float:
     if gpu.geometry is None:
         return _waste(pool, gpu, request, spec.memory_gb)
     full = gpu.geometry.full_profile.name
-    slice_demand = sum(p for name, p in pool.mix.distribution(gpu.model) if name != full)
+    # requests that cannot run on this model at all lose nothing when it is taken whole
+    slice_demand = sum(p for name, p in pool.mix.distribution(gpu.model) if name not in (full, NO_ACCESS))
     return pool.frags.whole_delta(gpu.model, gpu.geometry) + MIG_KEEP_WEIGHT * slice_demand
 
 
+def _node_term(pool: "Pool", node: NodeState, gpu: GpuState, taken: int) -> float:
+    """FGD's node-level term for requests of k GPUs on one node (fragmentation.node_delta)."""
+    if gpu.geometry is None or not pool.node_term:
+        return 0.0
+    return node_delta(pool.mix.multi_gpu(gpu.model), pool.node_free[node.id], taken)
+
+
 def single_option(pool: "Pool", node: NodeState, gpu: GpuState, request: Request, *,
-                  layout: Layout | None = None, idx: int = 0) -> Option | None:
+                  layout: Layout | None = None, idx: int = 0, node_term: bool = True) -> Option | None:
     """The best option for `request` on one GPU (None when nothing fits), `layout` overriding the
     GPU's current MIG layout (preemption planning asks "what if these spot instances were gone")."""
     profile, reason = pool.slice_for(gpu, request)
@@ -73,6 +92,8 @@ def single_option(pool: "Pool", node: NodeState, gpu: GpuState, request: Request
         if layout is None and not pool.is_free(gpu):
             return None
         start, cost = 0, whole_cost(pool, gpu, request)
+        if node_term and layout is None and rec_free(pool, gpu):
+            cost += _node_term(pool, node, gpu, 1)
         pu = pool.pu(gpu.model, None)
     else:
         assert gpu.geometry is not None
@@ -84,6 +105,8 @@ def single_option(pool: "Pool", node: NodeState, gpu: GpuState, request: Request
             return None
         start, delta = best
         cost = delta + _waste(pool, gpu, request, gpu.geometry.profile(profile).memory_gb)
+        if node_term and layout is None and not lay and rec_free(pool, gpu):
+            cost += _node_term(pool, node, gpu, 1)  # a first slice breaks a free whole GPU
         pu = pool.pu(gpu.model, profile)
     price = slice_price(base_per_gpu_hour=node.price_per_gpu_hour,
                         share=slice_share(geometry=gpu.geometry, profile=profile),
@@ -97,13 +120,14 @@ def multi_option(pool: "Pool", node: NodeState, gpus: Sequence[tuple[int, GpuSta
     k = request.gpu_count
     ranked = []
     for idx, g in gpus:
-        opt = single_option(pool, node, g, request, idx=idx)
+        opt = single_option(pool, node, g, request, idx=idx, node_term=False)
         if opt is not None and opt.profile is None:
             ranked.append((opt.pack_cost, idx, opt))
     if len(ranked) < k:
         return None
     ranked.sort(key=lambda t: (t[0], t[1]))
     chosen = [t[2] for t in ranked[:k]]
+    node_cost = _node_term(pool, node, chosen[0].gpus[0], k) / k  # the option's cost is a mean per GPU
     return Option(node, [o.gpus[0] for o in chosen], None, 0,
-                  sum(o.pack_cost for o in chosen) / k, sum(o.price_per_hour for o in chosen),
+                  sum(o.pack_cost for o in chosen) / k + node_cost, sum(o.price_per_hour for o in chosen),
                   sum(o.pu for o in chosen), min(o.idx for o in chosen))

@@ -106,6 +106,7 @@ class Pool:
         self.node_spot: dict[str, int] = defaultdict(int)  # GPUs holding spot leases
         self.nodes_by_pfree: dict[int, set[str]] = defaultdict(set)
         self.mix = mix or DemandMix()
+        self.node_term = True  # FGD's node-level term for k-GPU demand in packing costs (placement.py)
         self.frags = FragCache(self.mix)
         self._slice_cache: dict[tuple, tuple[str | None, str | None]] = {}
         self._avail_cache: dict[tuple, frozenset[str]] = {}
