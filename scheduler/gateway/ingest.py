@@ -1,8 +1,9 @@
 """Metrics ingest: samples are kept in memory and written in batches, not one row per sample.
 
-Each web process owns the sockets of the agents connected to it, so it owns those GPUs' samples: every
-flush it upserts the latest sample per GPU and the running 1-minute min/avg/max rollup per GPU (one
-INSERT ... ON CONFLICT per table), and stamps the heartbeat of every node heard from (one UPDATE).
+Every flush a web process upserts the latest sample per GPU, merges the samples it took since the last
+flush into each GPU-minute's min/avg/max rollup (one INSERT ... ON CONFLICT per table; the merge adds to
+what is there, so a node that reconnects to another web process within a minute loses nothing), and stamps
+the heartbeat of every node heard from (one UPDATE).
 """
 from __future__ import annotations
 
@@ -43,12 +44,19 @@ class _Agg:
             if v > self.maxs[i]:
                 self.maxs[i] = v
 
+    def merge(self, other: "_Agg") -> None:
+        self.n += other.n
+        for i in range(len(ROLLUP_FIELDS)):
+            self.counts[i] += other.counts[i]
+            self.sums[i] += other.sums[i]
+            self.mins[i] = min(self.mins[i], other.mins[i])
+            self.maxs[i] = max(self.maxs[i], other.maxs[i])
+
 
 class MetricsIngest:
     def __init__(self) -> None:
         self.latest: dict[int, tuple[float, dict]] = {}  # gpu pk -> (ts, sample)
-        self.rollups: dict[tuple[int, int], _Agg] = {}  # (gpu pk, minute epoch) -> aggregate
-        self.dirty_rollups: set[tuple[int, int]] = set()
+        self.rollups: dict[tuple[int, int], _Agg] = {}  # (gpu pk, minute epoch) -> samples since last flush
         self.heard: dict = {}  # node pk -> ts
         self.samples_total = 0
         self._task: asyncio.Task | None = None
@@ -64,7 +72,6 @@ class MetricsIngest:
             if agg is None:
                 agg = self.rollups[key] = _Agg()
             agg.add(sample)
-            self.dirty_rollups.add(key)
         self.heard[node_id] = ts
         self.samples_total += len(samples)
 
@@ -88,8 +95,7 @@ class MetricsIngest:
     async def flush(self) -> int:
         """Write what has been buffered; returns the number of GPUs whose latest sample was written."""
         latest, self.latest = self.latest, {}
-        dirty, self.dirty_rollups = self.dirty_rollups, set()
-        rollups = {key: self.rollups[key] for key in dirty}
+        rollups, self.rollups = self.rollups, {}
         heard, self.heard = self.heard, {}
         if not latest and not rollups and not heard:
             return 0
@@ -100,14 +106,13 @@ class MetricsIngest:
             # Put back what was not written (newer samples win) so the next flush retries it.
             for k, v in latest.items():
                 self.latest.setdefault(k, v)
-            self.dirty_rollups |= dirty
+            for k, agg in rollups.items():
+                if k in self.rollups:
+                    agg.merge(self.rollups[k])
+                self.rollups[k] = agg
             for k, v in heard.items():
                 self.heard.setdefault(k, v)
             raise
-        # Forget minutes that are over and written.
-        now_minute = int(max((ts for ts, _ in latest.values()), default=0) // 60) * 60
-        for key in [k for k in self.rollups if k[1] < now_minute - 60 and k not in self.dirty_rollups]:
-            del self.rollups[key]
         return len(latest)
 
 
@@ -121,9 +126,28 @@ ROLLUP_COLUMNS = ("gpu_id", "minute", "samples") + tuple(
     f"{col}_{k}" for _, col in ROLLUP_FIELDS for k in ("min", "avg", "max"))
 
 
-def _upsert_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...], qn) -> str:
+def _replace(c: str, t: str, qn) -> str:
+    return f"{qn(c)} = excluded.{qn(c)}"
+
+
+def _merge(c: str, t: str, qn) -> str:
+    """Merge a rollup column with what the row holds: samples add up, min/max keep the extreme, avg is
+    weighted by samples; a null on either side (no reading) yields the other side. Portable SQL: SQLite's
+    min()/max() return null if any argument is null and it has no LEAST/GREATEST."""
+    old, new = f"{qn(t)}.{qn(c)}", f"excluded.{qn(c)}"
+    if c == "samples":
+        return f"{qn(c)} = {old} + {new}"
+    if c.endswith("_avg"):
+        n_old, n_new = f"{qn(t)}.{qn('samples')}", f"excluded.{qn('samples')}"
+        combined = f"({old} * {n_old} + {new} * {n_new}) / ({n_old} + {n_new})"
+    else:
+        combined = f"CASE WHEN {new} {'<' if c.endswith('_min') else '>'} {old} THEN {new} ELSE {old} END"
+    return f"{qn(c)} = CASE WHEN {old} IS NULL THEN {new} WHEN {new} IS NULL THEN {old} ELSE {combined} END"
+
+
+def _upsert_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...], qn, how=_replace) -> str:
     """INSERT ... ON CONFLICT (key) DO UPDATE: the same text on PostgreSQL and SQLite (3.24+)."""
-    updates = ", ".join(f"{qn(c)} = excluded.{qn(c)}" for c in columns if c not in key)
+    updates = ", ".join(how(c, table, qn) for c in columns if c not in key)
     return (f"INSERT INTO {qn(table)} ({', '.join(qn(c) for c in columns)}) "
             f"VALUES ({', '.join(['%s'] * len(columns))}) "
             f"ON CONFLICT ({', '.join(qn(c) for c in key)}) DO UPDATE SET {updates}")
@@ -164,7 +188,7 @@ def _write(latest: dict, rollups: dict, heard: dict) -> None:
                                    latest_rows)
             if rollup_rows:
                 cursor.executemany(_upsert_sql(GpuMetricRollup._meta.db_table, ROLLUP_COLUMNS,
-                                               ("gpu_id", "minute"), qn), rollup_rows)
+                                               ("gpu_id", "minute"), qn, how=_merge), rollup_rows)
         if heard:
             nodes_heartbeat(node_ids=heard.keys(), at=_dt(max(heard.values())))
 

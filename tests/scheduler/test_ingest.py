@@ -1,0 +1,64 @@
+"""The metrics buffer: latest values and GPU-minute rollups that merge across flushes and web processes."""
+from __future__ import annotations
+
+import pytest
+from asgiref.sync import sync_to_async
+
+from scheduler.gateway import ingest as ingest_module
+from scheduler.gateway.ingest import MetricsIngest
+from scheduler.models import GpuMetricLatest, GpuMetricRollup
+from scheduler.services import nodes as node_services
+from tests.agentframes import hello_from, sim_backend
+from tests.factories import node_with_token
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MINUTE = 1_800_000_000 // 60 * 60  # some minute boundary
+
+
+def sample(temp, util=10.0, power=100.0):
+    return {"util": util, "mem_used_mib": 1000.0, "mem_total_mib": 81920.0, "temp_c": temp, "power_w": power}
+
+
+@pytest.fixture
+def gpu():
+    node, _ = node_with_token()
+    node_services.node_hello(node_id=node.pk, frame=hello_from(sim_backend("h100-80gb:1", hostname="ing")))
+    return node.gpus.get()
+
+
+async def test_samples_of_one_minute_flushed_by_two_processes_merge_into_one_rollup(gpu):
+    a, b = MetricsIngest(), MetricsIngest()  # two web processes, the agent reconnected between them
+    a.add(node_id=gpu.node_id, ts=MINUTE + 1, samples=[(gpu.pk, sample(40)), ])
+    a.add(node_id=gpu.node_id, ts=MINUTE + 2, samples=[(gpu.pk, sample(50, util=30))])
+    await a.flush()
+    b.add(node_id=gpu.node_id, ts=MINUTE + 30, samples=[(gpu.pk, sample(70, util=None))])
+    await b.flush()
+    b.add(node_id=gpu.node_id, ts=MINUTE + 61, samples=[(gpu.pk, sample(45))])  # the next minute
+    await b.flush()
+
+    rows = await sync_to_async(list)(GpuMetricRollup.objects.filter(gpu=gpu).order_by("minute"))
+    assert [r.samples for r in rows] == [3, 1]
+    first = rows[0]
+    assert (first.temp_min, first.temp_max) == (40, 70)
+    assert first.temp_avg == pytest.approx((40 + 50 + 70) / 3)
+    assert (first.util_min, first.util_max) == (10, 30)  # the null reading counts in no metric
+    latest = await sync_to_async(GpuMetricLatest.objects.get)(gpu=gpu)
+    assert latest.temp_c == 45
+
+
+async def test_a_failed_flush_keeps_its_samples_for_the_next_one(gpu, monkeypatch):
+    buf = MetricsIngest()
+    buf.add(node_id=gpu.node_id, ts=MINUTE + 1, samples=[(gpu.pk, sample(40))])
+    real_write = ingest_module._write
+
+    def broken(*args):
+        raise RuntimeError("database went away")
+    monkeypatch.setattr(ingest_module, "_write", broken)
+    with pytest.raises(RuntimeError):
+        await buf.flush()
+    monkeypatch.setattr(ingest_module, "_write", real_write)
+    buf.add(node_id=gpu.node_id, ts=MINUTE + 2, samples=[(gpu.pk, sample(60))])
+    await buf.flush()
+    row = await sync_to_async(GpuMetricRollup.objects.get)(gpu=gpu)
+    assert row.samples == 2 and (row.temp_min, row.temp_max) == (40, 60)
