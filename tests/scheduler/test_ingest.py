@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async as sync_to_async  # closes its connection
 
 from scheduler.gateway import ingest as ingest_module
 from scheduler.gateway.ingest import MetricsIngest
