@@ -11,9 +11,9 @@ import pytest
 from django.db import transaction
 from django.utils import timezone
 from hypothesis import HealthCheck, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from marketplace.models import LedgerTransaction, Lease, Reservation, ResaleListing
+from marketplace.models import LedgerTransaction, Lease, Reservation, ResaleListing, UsageRecord
 from marketplace.services import leases, ledger, metering, orders, resale, spot
 from marketplace.services.orders import OrderSpec
 from scheduler.errors import DomainError
@@ -44,6 +44,12 @@ class MarketMachine(RuleBasedStateMachine):
                 return fn(*a, **kw)
         except DomainError:
             return None
+
+    @initialize()
+    def buyers_start_with_money(self):
+        # Without it most runs spend their steps on refused orders and never reach metering or resale.
+        for buyer in self.buyers:
+            top_up(buyer, "25")
 
     @rule(who=st.integers(0, 2), amount=st.sampled_from(["0.05", "1", "25"]))
     def top_up(self, who, amount):
@@ -119,6 +125,17 @@ class MarketMachine(RuleBasedStateMachine):
         assert ledger.ledger_check() == []
 
     @invariant()
+    def no_lease_is_billed_past_its_end_or_its_interruption(self):
+        billed = {}
+        for lease_id, seconds in UsageRecord.objects.values_list("lease_id", "seconds"):
+            billed[lease_id] = billed.get(lease_id, 0) + seconds
+        for lease in Lease.objects.filter(pk__in=list(billed)).select_related("interruption"):
+            intr = getattr(lease, "interruption", None)
+            stop = min(t for t in (self.clock, lease.ends_at, lease.ended_at, intr and intr.announced_at) if t)
+            allowed = (stop - metering.billing_start(lease.started_at)).total_seconds()
+            assert billed[lease.pk] <= max(0, allowed), f"{lease} billed {billed[lease.pk]} s of {allowed}"
+
+    @invariant()
     def no_memory_slice_is_held_twice(self):
         held = {}
         for sl in Slice.objects.filter(state__in=Slice.ACTIVE_STATES):
@@ -135,5 +152,5 @@ class MarketMachine(RuleBasedStateMachine):
 
 def test_the_market_keeps_money_and_capacity_consistent_under_any_sequence():
     run_state_machine_as_test(MarketMachine, settings=settings(
-        max_examples=20, stateful_step_count=30, deadline=None,
+        max_examples=50, stateful_step_count=40, deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]))
