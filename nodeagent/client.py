@@ -2,7 +2,8 @@
 
 One asyncio process. Backend calls may block (NVML talks to the driver), so they run in threads. The
 connection is retried forever with jittered exponential backoff, except when the server says the token is
-not accepted (close code 4401/4403, or HTTP 401/403 on the handshake): retrying cannot fix that, so the
+not accepted (close code 4401/4403, or HTTP 401/403 on the handshake) or that a newer connection of the
+same node replaced this one (4409: the same token runs on two machines): retrying cannot fix either, so the
 agent stops with a clear message and a non-zero exit.
 """
 from __future__ import annotations
@@ -26,12 +27,19 @@ log = logging.getLogger(__name__)
 CLOSE_BAD_FRAME = 4400
 CLOSE_UNAUTHORISED = 4401
 CLOSE_FORBIDDEN = 4403
+CLOSE_REPLACED = 4409
 EXIT_OK = 0
 EXIT_REJECTED = 3  # the server refused this agent's token
+EXIT_REPLACED = 4  # another agent connected with this node's token and took over
 
 
 class AgentRejected(Exception):
     """The server will not accept this agent (bad token, or a node it may not speak for)."""
+
+
+class AgentReplaced(AgentRejected):
+    """A newer connection with this node's token took over. Reconnecting would only kick that one off in
+    turn, and two agents taking turns would each see half the node's commands."""
 
 
 def _close_code(exc: ConnectionClosed) -> int | None:
@@ -61,6 +69,11 @@ class Agent:
         while not self._stop.is_set():
             try:
                 await self._until_stopped(self._connect_once())
+            except AgentReplaced as exc:
+                log.error("another agent connected with this node's token and replaced this one (%s); "
+                          "stopping. Is the same token used on two machines? Give each server its own node "
+                          "and token", exc)
+                return EXIT_REPLACED
             except AgentRejected as exc:
                 log.error("server rejected this agent: %s; check --token / NODEAGENT_TOKEN", exc)
                 return EXIT_REJECTED
@@ -113,6 +126,8 @@ class Agent:
 
     @staticmethod
     def _check_rejected(code: int | None, reason: str) -> None:
+        if code == CLOSE_REPLACED:
+            raise AgentReplaced(f"close code {code}" + (f": {reason}" if reason else ""))
         if code in (CLOSE_UNAUTHORISED, CLOSE_FORBIDDEN):
             raise AgentRejected(f"close code {code}" + (f": {reason}" if reason else ""))
 

@@ -3,7 +3,8 @@
 It authenticates the node token, applies the hello (inventory), takes metrics batches (buffered, fanned
 out to console subscribers at once, health-checked), forwards commands and applies their results. A
 malformed frame gets an error frame and changes nothing; an unauthorised socket is closed (4401); a frame
-naming another node's GPU is refused (4403 for a hello, an error frame for metrics).
+naming another node's GPU is refused (4403 for a hello, an error frame for metrics). Only one socket speaks
+for a node: an accepted hello closes any older socket of the same node (4409).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from .relay import RELAY
 
 log = logging.getLogger(__name__)
 
-CLOSE_BAD_FRAME, CLOSE_UNAUTHORISED, CLOSE_FORBIDDEN = 4400, 4401, 4403
+CLOSE_BAD_FRAME, CLOSE_UNAUTHORISED, CLOSE_FORBIDDEN, CLOSE_REPLACED = 4400, 4401, 4403, 4409
 MAX_BAD_FRAMES = 10  # after this many malformed frames on one socket, the agent is broken: close it
 
 
@@ -118,6 +119,10 @@ class AgentConsumer(LoopConsumer):
             return
         self.gpu_ids, self.cordoned, open_commands, self.last_dbe = state
         self.ready = True
+        # Two sockets for one node (a stale one, or the same token on a second machine) would both write its
+        # metrics and both answer its commands: the newest accepted hello wins, in any web process.
+        await self.channel_layer.group_send(agent_group(self.node_id),
+                                            {"type": "agent.replaced", "by": self.channel_name})
         await self.send(text_data=protocol.encode(protocol.welcome(
             node_id=str(self.node_id), metrics_interval=settings.FLEET["METRICS_INTERVAL_SECONDS"],
             heartbeat_timeout=settings.FLEET["HEARTBEAT_TIMEOUT_SECONDS"])))
@@ -167,6 +172,18 @@ class AgentConsumer(LoopConsumer):
         """The node's token was rotated: this socket authenticated with the old one."""
         await self._error(protocol.E_UNAUTHORISED, "this node's token was rotated; start the agent with the new one")
         await self.close(code=CLOSE_UNAUTHORISED)
+
+    async def agent_replaced(self, message: dict) -> None:
+        """A newer socket of this node had its hello accepted: this one stops speaking for the node."""
+        if message.get("by") == self.channel_name or not self.ready:
+            return  # our own announcement, or a socket whose hello is still pending (its own turn comes)
+        self.ready = False
+        await database_sync_to_async(health_services.health_event_record)(
+            node_id=self.node_id, gpu_uuid=None, kind="replaced",
+            message="agent socket replaced by a newer connection of this node", detail={})
+        await self._error(protocol.E_REPLACED, "replaced by a newer connection of this node; is its token "
+                                               "used on two machines?")
+        await self.close(code=CLOSE_REPLACED)
 
     async def agent_resync(self, message: dict) -> None:
         """An operator uncordoned a GPU: forget the local cordon so new violations count again."""

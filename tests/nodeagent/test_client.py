@@ -14,7 +14,7 @@ from websockets.datastructures import Headers
 from nodeagent import protocol
 from nodeagent.backends.simulated import SimulatedBackend
 from nodeagent.backoff import Backoff
-from nodeagent.client import EXIT_OK, EXIT_REJECTED, Agent
+from nodeagent.client import EXIT_OK, EXIT_REJECTED, EXIT_REPLACED, Agent
 
 TOKEN = "node-token-1"
 
@@ -207,3 +207,12 @@ async def test_a_failing_inventory_is_retried_not_fatal(monkeypatch):
         await gateway.ws.close(1012, "restart")
         await until(lambda: len(calls) >= 2 and agent.sessions >= 2)
         assert not task.done()
+
+
+async def test_an_agent_replaced_by_a_newer_connection_stops_with_a_clear_message(caplog):
+    gateway = Gateway(close_code=4409)
+    async with running(gateway) as (agent, backend, task):
+        await asyncio.wait_for(asyncio.shield(task), 10)
+    assert task.result() == EXIT_REPLACED
+    assert gateway.connections == 1  # no reconnect: it would only kick the newer agent off in turn
+    assert "another agent" in caplog.text and "same token" in caplog.text

@@ -413,3 +413,36 @@ async def test_an_operators_uncordon_holds_across_an_agent_reconnect_until_new_e
     await barrier(comm)
     assert (await sync_to_async(Gpu.objects.get)(uuid=gpu_uuid)).health == Gpu.Health.CORDONED
     await comm.disconnect()
+
+
+async def test_a_newer_accepted_hello_closes_the_older_socket_of_the_same_node_with_4409():
+    node, token = await sync_to_async(node_with_token)()
+    backend = sim_backend("l4:1", hostname="twice")
+    first = await connect_agent(token, backend)  # e.g. a stale socket, or the same token on a second machine
+    second = await connect_agent(token, backend)
+    err = json.loads(await first.receive_from(timeout=5))
+    assert err["type"] == "error" and err["code"] == protocol.E_REPLACED
+    await expect_close(first, 4409)
+    # The newer socket still speaks for the node.
+    await second.send_to(text_data=protocol.encode(metrics_from(backend)))
+    await barrier(second)
+    assert INGEST.latest
+    await INGEST.flush()
+    assert (await counts())[1] == 1
+    await second.disconnect()
+
+
+async def test_a_refused_hello_does_not_close_the_socket_already_speaking_for_the_node():
+    node, token = await sync_to_async(node_with_token)()
+    other, other_token = await sync_to_async(node_with_token)()
+    foreign = sim_backend("l4:1", hostname="theirs", seed=7)
+    await (await connect_agent(other_token, foreign)).disconnect()
+    good = await connect_agent(token, sim_backend("l4:1", hostname="mine"))
+    bad = agent(token)
+    assert (await bad.connect())[0]
+    await bad.send_to(text_data=protocol.encode(hello_from(foreign)))  # claims the other node's GPU
+    await expect_close(bad, 4403)
+    await good.send_to(text_data="{")  # still open: it answers
+    assert json.loads(await good.receive_from(timeout=5))["type"] == "error"
+    assert await good.receive_nothing(timeout=0.2)
+    await good.disconnect()
