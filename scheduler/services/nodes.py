@@ -167,10 +167,21 @@ def nodes_heartbeat(*, node_ids, at: datetime) -> int:
     """Record that these nodes were heard from (one UPDATE for a whole flush); a node that was marked
     offline but is sending again comes back online."""
     ids = list(node_ids)
-    back = Node.objects.filter(pk__in=ids, status=Node.Status.OFFLINE)
-    back.filter(drain_requested=False).update(status=Node.Status.ONLINE)
-    back.filter(drain_requested=True).update(status=Node.Status.DRAINING)
-    return Node.objects.filter(pk__in=ids).update(last_heartbeat=at)
+    with transaction.atomic():
+        # Lock the offline ones: the race is the offline check marking a node offline again in between, or
+        # two web processes both bringing it back (each would log and announce it).
+        back = list(Node.objects.select_for_update().filter(pk__in=ids, status=Node.Status.OFFLINE)
+                    .values_list("pk", "drain_requested"))
+        if back:
+            for drained, status in ((False, Node.Status.ONLINE), (True, Node.Status.DRAINING)):
+                Node.objects.filter(pk__in=[pk for pk, d in back if d == drained]).update(status=status)
+            HealthEvent.objects.bulk_create([
+                HealthEvent(node_id=pk, kind="online", message="back online: heard from its agent again")
+                for pk, _ in back])
+            for pk, drained in back:
+                status = Node.Status.DRAINING if drained else Node.Status.ONLINE
+                transaction.on_commit(lambda pk=pk, status=status: announce_node(pk, {"status": status}))
+        return Node.objects.filter(pk__in=ids).update(last_heartbeat=at)
 
 
 def node_disconnected(*, node_id) -> None:

@@ -300,3 +300,28 @@ def test_a_drained_node_that_goes_offline_comes_back_draining_not_online(setting
     node_services.node_undrain(node=Node.objects.get(pk=node.pk))
     node_services.node_hello(node_id=node.pk, frame=hello_from(backend))
     assert Node.objects.get(pk=node.pk).status == Node.Status.ONLINE
+
+
+@pytest.mark.parametrize("drained, expect", [(False, Node.Status.ONLINE), (True, Node.Status.DRAINING)])
+def test_a_node_back_online_through_a_heartbeat_is_announced_and_logged_like_going_offline(
+        settings, monkeypatch, django_capture_on_commit_callbacks, drained, expect):
+    settings.FLEET = {**settings.FLEET, "HEARTBEAT_TIMEOUT_SECONDS": 10}
+    back, steady = online_node(hostname="back"), online_node(hostname="steady")
+    if drained:
+        node_services.node_drain(node=back)
+    now = timezone.now()
+    Node.objects.filter(pk=back.pk).update(last_heartbeat=now - timedelta(seconds=11))
+    assert node_services.nodes_mark_offline(now=now) == [back.pk]
+    announced = []
+    monkeypatch.setattr(node_services, "announce_node", lambda node_id, change: announced.append((node_id, change)))
+    with django_capture_on_commit_callbacks(execute=True):
+        node_services.nodes_heartbeat(node_ids=[back.pk, steady.pk], at=now)
+    assert Node.objects.get(pk=back.pk).status == expect
+    assert announced == [(back.pk, {"status": expect})]  # the node heard all along is not announced
+    [event] = HealthEvent.objects.filter(node=back, kind="online")
+    assert "back online" in event.message
+    assert not HealthEvent.objects.filter(node=steady, kind="online").exists()
+    # Heard again: already online, nothing more to say.
+    with django_capture_on_commit_callbacks(execute=True):
+        node_services.nodes_heartbeat(node_ids=[back.pk], at=now)
+    assert len(announced) == 1 and HealthEvent.objects.filter(kind="online").count() == 1
