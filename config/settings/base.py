@@ -132,6 +132,9 @@ FLEET = {
     # XIDs that mean the GPU needs attention (NVIDIA XID catalogue: 48 DBE, 63/64 row remap, 74 NVLink,
     # 79 fallen off the bus, 92 high SBE rate, 94/95 contained/uncontained ECC).
     "CORDON_XIDS": env_int_list("FLEET_CORDON_XIDS", [48, 63, 64, 74, 79, 92, 94, 95]),
+    # Power above this share of the model's TDP for this many samples in a row cordons the GPU.
+    "POWER_CORDON_SHARE": env_float("FLEET_POWER_CORDON_SHARE", 1.1, minimum=1.0, maximum=3.0),
+    "POWER_CORDON_SAMPLES": env_int("FLEET_POWER_CORDON_SAMPLES", 5, minimum=1, maximum=3600),
 }
 
 # --- REST API ----------------------------------------------------------------------------------

@@ -62,6 +62,8 @@ class AgentConsumer(LoopConsumer):
         self.gpu_ids: dict[str, int] = {}
         self.cordoned: set[str] = set()
         self.last_dbe: dict[str, float] = {}
+        self.tdp_w: dict[str, int] = {}  # GPU uuid -> its catalog model's TDP (watts)
+        self.power_streak: dict[str, int] = {}  # GPU uuid -> samples in a row over the power limit
         self.thresholds = health_services.Thresholds.from_settings()
         INGEST.ensure_running()
         RELAY.ensure_running()
@@ -117,7 +119,7 @@ class AgentConsumer(LoopConsumer):
             await self._error(exc.code, exc.message)
             await self.close(code={401: CLOSE_UNAUTHORISED, 403: CLOSE_FORBIDDEN}.get(exc.status, CLOSE_BAD_FRAME))
             return
-        self.gpu_ids, self.cordoned, open_commands, self.last_dbe = state
+        self.gpu_ids, self.cordoned, open_commands, self.last_dbe, self.tdp_w = state
         self.ready = True
         # Two sockets for one node (a stale one, or the same token on a second machine) would both write its
         # metrics and both answer its commands: the newest accepted hello wins, in any web process.
@@ -151,9 +153,15 @@ class AgentConsumer(LoopConsumer):
 
     async def _check_health(self, sample: dict) -> None:
         uuid = sample["uuid"]
-        reasons = health_services.sample_violations(sample, self.thresholds, previous_dbe=self.last_dbe.get(uuid))
+        tdp_w = self.tdp_w.get(uuid)
+        streak = self.power_streak.get(uuid, 0)
+        reasons = health_services.sample_violations(sample, self.thresholds, previous_dbe=self.last_dbe.get(uuid),
+                                                    tdp_w=tdp_w, samples_over_power=streak)
         if sample.get("ecc_dbe") is not None:
             self.last_dbe[uuid] = sample["ecc_dbe"]
+        if tdp_w is not None:
+            self.power_streak[uuid] = streak + 1 if health_services.power_over_limit(
+                sample, self.thresholds, tdp_w=tdp_w) else 0
         if reasons and uuid not in self.cordoned:
             self.cordoned.add(uuid)
             await database_sync_to_async(health_services.gpu_cordon)(gpu_id=self.gpu_ids[uuid],
@@ -194,9 +202,11 @@ def _apply_hello(node_id, frame: dict, token_hash: str | None = None):
     from scheduler.models import Gpu
 
     node = node_services.node_hello(node_id=node_id, frame=frame, token_hash=token_hash)
-    gpus = list(Gpu.objects.filter(node=node, present=True).values_list("uuid", "pk", "health", "latest__ecc_dbe"))
+    gpus = list(Gpu.objects.filter(node=node, present=True).values_list("uuid", "pk", "health", "latest__ecc_dbe",
+                                                                        "gpu_model__tdp_w"))
     # The last stored ECC count is the baseline: an operator's uncordon holds across a reconnect until the
     # count grows (starting from nothing, the first sample would cordon the GPU again).
-    return ({u: pk for u, pk, _, _ in gpus}, {u for u, _, h, _ in gpus if h == Gpu.Health.CORDONED},
+    return ({u: pk for u, pk, *_ in gpus}, {u for u, _, h, *_ in gpus if h == Gpu.Health.CORDONED},
             command_services.commands_open_for(node_id=node_id),
-            {u: dbe for u, _, _, dbe in gpus if dbe is not None})
+            {u: dbe for u, _, _, dbe, _ in gpus if dbe is not None},
+            {u: tdp for u, *_, tdp in gpus if tdp})

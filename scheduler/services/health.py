@@ -16,23 +16,41 @@ class Thresholds:
     max_temperature_c: float
     max_ecc_dbe: int
     cordon_xids: frozenset[int]
+    # Power above power_share x the model's TDP for power_samples samples in a row: one sample over is a
+    # transient NVIDIA allows (boost), a sustained draw past the board's rating is a failing regulator or
+    # sensor, or a board running out of spec.
+    power_share: float = 1.1
+    power_samples: int = 5
 
     @classmethod
     def from_settings(cls) -> "Thresholds":
         f = settings.FLEET
-        return cls(f["MAX_TEMPERATURE_C"], f["MAX_ECC_DBE"], frozenset(f["CORDON_XIDS"]))
+        return cls(f["MAX_TEMPERATURE_C"], f["MAX_ECC_DBE"], frozenset(f["CORDON_XIDS"]),
+                   power_share=f["POWER_CORDON_SHARE"], power_samples=f["POWER_CORDON_SAMPLES"])
 
 
-def sample_violations(sample: dict, thresholds: Thresholds, *, previous_dbe: float | None) -> list[str]:
+def power_over_limit(sample: dict, thresholds: Thresholds, *, tdp_w: float | None) -> bool:
+    """Whether this sample draws more than the share of its model's TDP (never without a reading or a
+    known TDP). Pure; the caller counts the streak."""
+    power = sample.get("power_w")
+    return bool(tdp_w) and power is not None and power > thresholds.power_share * tdp_w
+
+
+def sample_violations(sample: dict, thresholds: Thresholds, *, previous_dbe: float | None,
+                      tdp_w: float | None = None, samples_over_power: int = 0) -> list[str]:
     """Why this metrics sample should cordon its GPU (empty: healthy). Pure.
 
     ECC double-bit errors count when they pass the threshold and grew since the previous sample (or on
-    the first sample seen), so an operator's uncordon holds until new errors arrive.
+    the first sample seen), so an operator's uncordon holds until new errors arrive. Power counts when this
+    sample is over the limit and so were the `samples_over_power` before it, power_samples in all.
     """
     reasons = []
     temp = sample.get("temp_c")
     if temp is not None and temp >= thresholds.max_temperature_c:
         reasons.append(f"temperature {temp:.0f} °C ≥ {thresholds.max_temperature_c:.0f} °C")
+    if power_over_limit(sample, thresholds, tdp_w=tdp_w) and samples_over_power + 1 >= thresholds.power_samples:
+        reasons.append(f"power {sample['power_w']:.0f} W > {thresholds.power_share:g} × TDP {tdp_w:.0f} W for "
+                       f"{samples_over_power + 1} samples")
     dbe = sample.get("ecc_dbe")
     if dbe is not None and dbe > thresholds.max_ecc_dbe and (previous_dbe is None or dbe > previous_dbe):
         reasons.append(f"{int(dbe)} uncorrectable ECC errors")

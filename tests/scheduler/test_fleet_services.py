@@ -205,6 +205,26 @@ def test_health_thresholds_decide_what_cordons_a_gpu(sample, previous_dbe, expec
     assert all(keyword in reason for keyword, reason in zip(expect, reasons))
 
 
+@pytest.mark.parametrize("sample, tdp_w, samples_over_before, expect_over, expect", [
+    ({"power_w": 770}, 700, 4, False, []),          # exactly 1.1 x TDP is not above it
+    ({"power_w": 771}, 700, 3, True, []),           # the 4th sample in a row: not yet
+    ({"power_w": 771}, 700, 4, True, ["power"]),    # the 5th in a row cordons
+    ({"power_w": 771}, 700, 9, True, ["power"]),
+    ({"power_w": 700}, 700, 9, False, []),          # back under: the streak is broken
+    ({"power_w": None}, 700, 9, False, []),         # no reading is no evidence
+    ({"power_w": 5000}, None, 9, False, []),        # a model the catalog does not know: no TDP to compare
+    ({"power_w": 900, "temp_c": 95}, 700, 4, True, ["temperature", "power"]),
+])
+def test_power_above_a_share_of_the_models_tdp_for_several_samples_in_a_row_cordons_the_gpu(
+        sample, tdp_w, samples_over_before, expect_over, expect):
+    thresholds = health_services.Thresholds(90.0, 0, frozenset(), power_share=1.1, power_samples=5)
+    assert health_services.power_over_limit(sample, thresholds, tdp_w=tdp_w) is expect_over
+    reasons = health_services.sample_violations(sample, thresholds, previous_dbe=None, tdp_w=tdp_w,
+                                                samples_over_power=samples_over_before)
+    assert len(reasons) == len(expect)
+    assert all(keyword in reason for keyword, reason in zip(expect, reasons))
+
+
 def test_cordon_and_uncordon_are_idempotent_and_logged():
     node = online_node()
     gpu = node.gpus.get(index=0)

@@ -446,3 +446,23 @@ async def test_a_refused_hello_does_not_close_the_socket_already_speaking_for_th
     assert json.loads(await good.receive_from(timeout=5))["type"] == "error"
     assert await good.receive_nothing(timeout=0.2)
     await good.disconnect()
+
+
+async def test_power_above_the_tdp_share_for_several_frames_in_a_row_cordons_the_gpu(settings):
+    settings.FLEET = {**settings.FLEET, "POWER_CORDON_SHARE": 1.1, "POWER_CORDON_SAMPLES": 3}
+    node, token = await sync_to_async(node_with_token)()
+    backend = sim_backend("l4:1", hostname="hot")  # the catalog's L4: 72 W TDP
+    comm = await connect_agent(token, backend)
+
+    async def send_power(watts):
+        frame = metrics_from(backend)
+        frame["gpus"][0]["power_w"] = watts
+        await comm.send_to(text_data=protocol.encode(frame))
+        await barrier(comm)
+        return (await sync_to_async(Gpu.objects.get)(node_id=node.pk)).health
+
+    assert [await send_power(w) for w in (80, 80, 60, 80, 80)] == [Gpu.Health.HEALTHY] * 5  # the streak broke
+    assert await send_power(80) == Gpu.Health.CORDONED
+    gpu = await sync_to_async(Gpu.objects.get)(node_id=node.pk)
+    assert "power" in gpu.health_reason
+    await comm.disconnect()
