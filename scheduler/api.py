@@ -166,5 +166,5 @@ class SliceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.Dest
         return Response(SliceSerializer(self.get_queryset().get(pk=sl.pk)).data, status=status.HTTP_201_CREATED)
 
     def destroy(self, request, pk=None):
-        sl = slice_services.slice_destroy(slice_id=self.get_object().pk)
+        sl = slice_services.slice_destroy(slice_id=self.get_object().pk, by_provider=True)
         return Response(SliceSerializer(sl).data, status=status.HTTP_202_ACCEPTED)

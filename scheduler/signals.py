@@ -12,3 +12,7 @@ slice_failed = Signal()
 slice_destroyed = Signal()
 # kwargs: node_id, at: a node went offline (heartbeat timeout)
 node_offline = Signal()
+# kwargs: slice (locked): asked before a provider destroys a slice by hand. A receiver that holds the slice
+# (the market, for a buyer's open lease) returns a sentence saying so; None lets it go. The fleet cannot
+# know about leases itself, and must not destroy capacity a buyer is paying for behind the market's back.
+slice_hold_check = Signal()

@@ -13,7 +13,7 @@ from django.utils import timezone
 from scheduler.core import mig as core_mig
 from scheduler.errors import Conflict, DomainError
 from scheduler.models import AgentCommand, Gpu, Node, Slice
-from scheduler.signals import slice_destroyed, slice_failed, slice_ready
+from scheduler.signals import slice_destroyed, slice_failed, slice_hold_check, slice_ready
 
 from .commands import command_issue
 from .events import announce_node
@@ -85,12 +85,23 @@ def _check_gpu_usable(gpu: Gpu) -> None:
         raise Conflict(f"{gpu} is no longer reported by its agent", code="gpu_missing")
 
 
-def slice_destroy(*, slice_id) -> Slice:
-    """Destroy a slice's instance; it releases its memory slices when the agent confirms. Idempotent."""
+def slice_destroy(*, slice_id, by_provider: bool = False) -> Slice:
+    """Destroy a slice's instance; it releases its memory slices when the agent confirms. Idempotent.
+
+    `by_provider`: the provider asked by hand (the fleet API), so a slice someone holds (a buyer's lease,
+    says a slice_hold_check receiver) is refused with Conflict; the market's own ending of a lease passes.
+    """
     with transaction.atomic():
+        # The lock also orders this check against the market settling the same slice.
         sl = Slice.objects.select_for_update().select_related("gpu__node").get(pk=slice_id)
         if sl.state in (Slice.State.DESTROYED, Slice.State.FAILED, Slice.State.DESTROYING):
             return sl
+        if by_provider:
+            holds = [reason for _, reason in slice_hold_check.send(sender=Slice, slice=sl) if reason]
+            if holds:
+                raise Conflict(f"{'; '.join(holds)}: a provider cannot destroy it. The market ends leases: drain "
+                               f"the node or cordon the GPU so no new work lands there, and the slice is freed "
+                               f"when the lease ends", code="slice_leased")
         if sl.instance_uuid and sl.profile:
             sl.state = Slice.State.DESTROYING
             sl.save(update_fields=["state"])
