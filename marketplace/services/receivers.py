@@ -2,7 +2,7 @@
 the fleet's transaction, so lease changes commit or roll back with the slice change that caused them."""
 from django.dispatch import receiver
 
-from scheduler.signals import node_offline, slice_destroyed, slice_failed, slice_ready
+from scheduler.signals import node_offline, slice_destroyed, slice_failed, slice_hold_check, slice_ready
 
 
 @receiver(slice_ready, dispatch_uid="market.slice_ready")
@@ -31,3 +31,14 @@ def _node_offline(sender, node_id, at, **kw):
     from marketplace.services.leases import leases_node_offline
 
     leases_node_offline(node_id=node_id, at=at)
+
+
+@receiver(slice_hold_check, dispatch_uid="market.slice_hold_check")
+def _slice_hold_check(sender, slice, **kw):
+    """A buyer's open lease holds its slice: its provider may not destroy it by hand (the market ends it)."""
+    from marketplace.models import Lease
+
+    lease = Lease.objects.filter(slice=slice, state__in=Lease.OPEN_STATES).only("pk", "state").first()
+    if lease is None:
+        return None
+    return f"this slice runs a buyer's lease ({str(lease.pk)[:8]}, {lease.get_state_display()})"

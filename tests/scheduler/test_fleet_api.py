@@ -127,3 +127,32 @@ def test_the_openapi_schema_and_its_docs_page_are_served():
     assert schema.status_code == 200 and "/api/v1/nodes/" in schema.content.decode()
     docs = c.get("/api/docs/")
     assert docs.status_code == 200 and b"swagger" in docs.content.lower()
+
+
+def test_a_provider_cannot_destroy_a_slice_under_a_buyers_lease_but_may_destroy_one_carved_by_hand():
+    from marketplace.models import Lease
+    from marketplace.services import orders
+    from marketplace.services.orders import OrderSpec
+    from tests.marketplace.marketsim import Fleet, top_up
+
+    fleet = Fleet()
+    node = fleet.node("a100-80gb:1")
+    buyer = UserFactory()
+    top_up(buyer, "100")
+    order = orders.order_place(buyer=buyer, spec=OrderSpec(mode="on_demand", memory_gb=10))
+    fleet.play()
+    lease = Lease.objects.get(order=order)
+    assert lease.state == Lease.State.RUNNING
+    c = client_for(node.provider)
+    r = c.delete(f"/api/v1/slices/{lease.slice_id}/")
+    assert r.status_code == 409, r.content
+    message = r.json()["error"]["message"]
+    assert "lease" in message and "drain" in message and "cordon" in message
+    lease.refresh_from_db()
+    assert lease.state == Lease.State.RUNNING and lease.slice.state == Slice.State.READY
+    # A slice carved by hand (no lease) is the provider's to destroy.
+    r = c.post("/api/v1/slices/", {"gpu": lease.slice.gpu.uuid, "profile": "1g.10gb"}, format="json")
+    assert r.status_code == 201, r.content
+    fleet.play()
+    r = c.delete(f"/api/v1/slices/{r.json()['id']}/")
+    assert r.status_code == 202 and r.json()["state"] == "destroying"
