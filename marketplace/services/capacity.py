@@ -94,9 +94,18 @@ def hold_window(*, mode: str, now: datetime, duration_seconds: int | None,
         return window
     if mode == Mode.SPOT:
         horizon = now + timedelta(seconds=spot_clear_horizon())
-        end = now + timedelta(seconds=duration_seconds) if duration_seconds else horizon
+        end = now + timedelta(seconds=duration_seconds + provision_allowance()) if duration_seconds else horizon
         return now, min(end, horizon)
-    return now, (now + timedelta(seconds=duration_seconds) if duration_seconds else FAR_FUTURE)
+    if not duration_seconds:
+        return now, FAR_FUTURE
+    # The duration counts from running, not from the order: the slots are held for the time it may take to
+    # carve the instance too.
+    return now, now + timedelta(seconds=duration_seconds + provision_allowance())
+
+
+def provision_allowance() -> float:
+    """Seconds allowed for carving an instance: a lease with a duration holds its slots for duration + this."""
+    return float(settings.MARKET.get("PROVISION_ALLOWANCE_SECONDS", 300.0))
 
 
 def spot_clear_horizon() -> float:

@@ -7,7 +7,7 @@ slice_destroyed → ended, node_offline → ended (spot: interrupted without not
 """
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db import transaction
@@ -19,6 +19,7 @@ from scheduler.errors import NotFound
 from scheduler.models import Slice
 from scheduler.services.slices import slice_destroy
 
+from . import capacity
 from .metering import billing_start, meter_settle
 from .notify import tell_buyer
 
@@ -53,10 +54,28 @@ def lease_open(*, order: Order | None, buyer, sl: Slice, mode: str, price_per_ho
 
 def _run(lease: Lease, *, at: datetime) -> None:
     lease.state, lease.started_at, lease.billed_until = Lease.State.RUNNING, at, billing_start(at)
-    lease.save(update_fields=["state", "started_at", "billed_until"])
+    lease.ends_at = running_ends_at(lease=lease, at=at)
+    lease.save(update_fields=["state", "started_at", "billed_until", "ends_at"])
     if lease.mode == Mode.SPOT:
         SpotBid.objects.filter(order_id=lease.order_id).update(state=SpotBid.State.WON)
     tell_buyer(lease.buyer_id, _event(lease, "lease_running", connection=connection_facts(lease)))
+
+
+def running_ends_at(*, lease: Lease, at: datetime) -> datetime | None:
+    """When a lease that starts running at `at` ends: an order's duration counts from here (a buyer who paid
+    for 2 h of compute gets 2 h of running, however long the carving took); a reservation's window and an
+    interruption's deadline are fixed instants and stay. A later reserved window on the same memory slices
+    still wins: the lease then ends when that window starts (only possible when provisioning took longer
+    than the allowance its holds were taken for, see capacity.provision_allowance)."""
+    order = lease.order
+    if lease.reservation_id is not None or order is None or not order.duration_seconds:
+        return lease.ends_at
+    ends = at + timedelta(seconds=order.duration_seconds)
+    sl = lease.slice
+    start, end = (sl.start, sl.start + sl.size) if sl.size else (0, 64)
+    first = (capacity.overlapping_reservations(gpu_id=sl.gpu_id, slot_start=start, slot_end=end, start=at, end=ends)
+             .order_by("starts_at").values_list("starts_at", flat=True).first())
+    return min(ends, first) if first is not None and first > at else ends
 
 
 def on_slice_ready(*, sl: Slice, at: datetime) -> None:

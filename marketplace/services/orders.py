@@ -184,7 +184,10 @@ def _open_lease(*, order: Order, sl, now: datetime, first: bool) -> None:
         raise ledger.InsufficientFunds(
             f"Not enough money in the wallet: {needed} USD covers the first "
             f"{int(market('MIN_PREPAID_SECONDS') // 60)} minutes at {price}/h.", details={"needed": str(needed)})
-    ends_at = now + timedelta(seconds=order.duration_seconds) if order.duration_seconds else None
+    # Provisional end while the instance is carved: the duration counts from running (leases.running_ends_at);
+    # until then the lease holds its slots for the duration plus the provisioning allowance, as its holds did.
+    ends_at = (now + timedelta(seconds=order.duration_seconds + capacity.provision_allowance())
+               if order.duration_seconds else None)
     lease_open(order=order, buyer=order.buyer, sl=sl, mode=order.mode, price_per_hour=price, ends_at=ends_at,
                bid=order.max_price_per_hour if order.mode == Mode.SPOT else None, now=now)
     order.state, order.placed_at, order.price_per_hour = Order.State.PLACED, now, price

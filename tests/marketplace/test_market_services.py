@@ -312,7 +312,8 @@ def test_a_lease_with_a_duration_is_never_billed_past_its_end_whichever_beat_run
     top_up(buyer, "10")
     lease = running_lease(fleet, buyer, whole_gpu=True, duration_seconds=600)
     t0 = lease.billed_until
-    billable = int((lease.ends_at - t0).total_seconds())  # the duration counts from the order
+    billable = int((lease.ends_at - t0).total_seconds())  # the duration counts from running
+    assert billable == 600
     # The meter's beat runs before the lease tick that ends it: the seconds after ends_at are not the buyer's.
     metering.meter_tick(now=t0 + timedelta(seconds=700))
     leases.leases_tick(now=t0 + timedelta(seconds=700))
@@ -350,3 +351,38 @@ def test_an_undelivered_window_bought_and_partly_resold_refunds_its_holder_not_t
     assert wallet(b) - wallets[b] == Decimal("1.00")
     assert wallet(a) - wallets[a] == Reservation.objects.get(holder=a, state=Reservation.State.REFUNDED).price_total
     assert wallet(c) - wallets[c] == Decimal("1.00") and ledger.ledger_check() == []
+
+
+def test_a_lease_duration_counts_from_when_it_starts_running_not_from_the_order(fleet):
+    fleet.node("l4:1", price="3.60")  # on demand 6.48/h
+    buyer = UserFactory()
+    top_up(buyer, "10")
+    ordered = timezone.now() - timedelta(minutes=4)  # the instance took four minutes to carve
+    order = orders.order_place(buyer=buyer, spec=OrderSpec(mode="on_demand", whole_gpu=True, duration_seconds=600),
+                               now=ordered)
+    lease = Lease.objects.get(order=order)
+    leases.on_slice_ready(sl=lease.slice, at=ordered + timedelta(minutes=4))
+    lease.refresh_from_db()
+    assert lease.state == Lease.State.RUNNING
+    assert lease.ends_at == lease.started_at + timedelta(seconds=600)
+    t0 = lease.billed_until
+    metering.meter_tick(now=t0 + timedelta(seconds=900))
+    leases.leases_tick(now=t0 + timedelta(seconds=900))
+    lease.refresh_from_db()
+    assert lease.cost_charged == Decimal("1.080000")  # 600 s at 6.48/h: the whole duration, all of it running
+    assert ledger.ledger_check() == []
+
+
+def test_a_queued_order_with_a_duration_cannot_take_slots_a_reservation_needs_during_provisioning(fleet):
+    fleet.node("l4:1", price="1.00")
+    a, b = UserFactory(), UserFactory()
+    top_up(a, "100")
+    top_up(b, "100")
+    start = timezone.now() + timedelta(seconds=3600 + 120)
+    orders.order_place(buyer=a, spec=OrderSpec(mode="reserved", window_start=start,
+                                               window_end=start + timedelta(hours=1)))
+    # One hour of running fits before the window only if the instance is carved at once: the order's holds
+    # leave room for carving it, so it is refused instead of running into the window.
+    with pytest.raises(Conflict):
+        orders.order_place(buyer=b, spec=OrderSpec(mode="on_demand", whole_gpu=True, duration_seconds=3600))
+
