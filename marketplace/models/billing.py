@@ -16,7 +16,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 MONEY = {"max_digits": 18, "decimal_places": 6}  # micro-dollars; never float
 
@@ -79,10 +79,20 @@ class LedgerTransaction(models.Model):
     lease_id = models.UUIDField(null=True, blank=True, db_index=True)
     order_id = models.UUIDField(null=True, blank=True, db_index=True)
     project = models.ForeignKey(Project, null=True, blank=True, related_name="transactions", on_delete=models.SET_NULL)
+    # A charge's refunds so far, kept on the charge's row under its lock (ledger.refund): the database refuses
+    # refunds adding up to more than what the wallet was charged.
+    charged_amount = models.DecimalField(**MONEY, null=True, blank=True,
+                                         help_text="what the wallet paid (set at its first refund)")
+    refunded_amount = models.DecimalField(**MONEY, default=Decimal("0"))
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
 
     class Meta:
         ordering = ["-created_at"]
+        constraints = [
+            models.CheckConstraint(condition=Q(refunded_amount=0) | Q(charged_amount__isnull=False, refunded_amount__gt=0,
+                                                                      refunded_amount__lte=F("charged_amount")),
+                                   name="ledgertransaction_refunds_within_charge"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind}: {self.memo}"

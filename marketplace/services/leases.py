@@ -97,7 +97,9 @@ def on_slice_failed(*, sl: Slice, at: datetime, reason: str) -> None:
     lease.state, lease.ended_at, lease.end_reason = Lease.State.FAILED, at, "provisioning failed"
     lease.save(update_fields=["state", "ended_at", "end_reason"])
     for txn in LedgerTransaction.objects.filter(lease_id=lease.pk, kind="usage"):
-        ledger.refund(original=txn, idempotency_key=f"refund:{txn.pk}", memo=f"provisioning failed: {reason}"[:400])
+        if ledger.refundable(original=txn)[1] > 0:  # what an operator refunded already is not given twice
+            ledger.refund(original=txn, idempotency_key=f"refund:{txn.pk}",
+                          memo=f"provisioning failed: {reason}"[:400])
     if lease.order_id and lease.mode in (Mode.ON_DEMAND, Mode.SPOT):
         # Lock the order: the race is the buyer cancelling it while it goes back to the queue.
         order = Order.objects.select_for_update().get(pk=lease.order_id)

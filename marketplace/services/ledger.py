@@ -197,18 +197,38 @@ def reverse(*, original: LedgerTransaction, idempotency_key: str, memo: str = ""
                 project=original.project)
 
 
-def refund(*, original: LedgerTransaction, idempotency_key: str, memo: str = "",
-           amount: Decimal | None = None) -> LedgerTransaction:
-    """Give the buyer back `amount` (default all) of a charge, taken pro rata from provider and platform fee."""
+def refundable(*, original: LedgerTransaction) -> tuple[Decimal, Decimal]:
+    """(what the wallet was charged by `original`, what is left to refund of it)."""
     charged = -sum(original.entries.filter(amount__lt=0, account__kind=Account.Kind.WALLET)
                    .values_list("amount", flat=True), Decimal("0"))
-    if not charged:
-        raise DomainError("only a charge to a wallet can be refunded")
-    amount = charged if amount is None else money(amount)
-    if not (0 < amount <= charged):
-        raise DomainError(f"a refund is between 0 and the charged {charged} USD", field="amount")
-    return reverse(original=original, idempotency_key=idempotency_key, memo=memo or f"refund of {original.kind}",
-                   fraction=amount / charged)
+    return charged, charged - original.refunded_amount
+
+
+def refund(*, original: LedgerTransaction, idempotency_key: str, memo: str = "",
+           amount: Decimal | None = None) -> LedgerTransaction:
+    """Give the buyer back `amount` (default all that is left) of a charge, taken pro rata from provider and
+    platform fee. Refunds of one charge never add up to more than it charged; a known key returns its refund."""
+    with transaction.atomic():
+        # Lock the charge: the race is two refunds of it under different keys (a failed provision and an
+        # operator, say) both reading the same amount left and together giving back more than was paid.
+        original = LedgerTransaction.objects.select_for_update().get(pk=original.pk)
+        existing = LedgerTransaction.objects.filter(idempotency_key=idempotency_key).first() \
+            if idempotency_key else None
+        if existing is not None:
+            return _same_or_conflict(existing, "reversal")
+        charged, left = refundable(original=original)
+        if not charged:
+            raise DomainError("only a charge to a wallet can be refunded")
+        amount = left if amount is None else money(amount)
+        if not (0 < amount <= left):
+            raise DomainError(f"a refund is between 0 and the {left} USD left of the charged {charged} USD",
+                              field="amount", code="refund_exceeds_charge",
+                              details={"charged": str(charged), "refunded": str(original.refunded_amount)})
+        txn = reverse(original=original, idempotency_key=idempotency_key, memo=memo or f"refund of {original.kind}",
+                      fraction=amount / charged)
+        LedgerTransaction.objects.filter(pk=original.pk).update(charged_amount=charged,
+                                                                refunded_amount=original.refunded_amount + amount)
+    return txn
 
 
 def credit(*, user, amount: Decimal, idempotency_key: str, memo: str, source: str = "promotions",

@@ -139,22 +139,24 @@ def _split(r: Reservation, *, listing: ResaleListing, buyer, order: Order) -> Re
     """Replace `r` by up to three pieces: the seller's before, the buyer's window, the seller's after."""
     r.state = Reservation.State.SPLIT  # first, so the pieces do not overlap a live reservation
     r.save(update_fields=["state"])
-    hours = Decimal(str((r.ends_at - r.starts_at).total_seconds() / 3600))
+    # What the parent paid, shared over before / sold / after in whole cents that add up to exactly its price:
+    # rounding each piece on its own could make the pieces (and their refunds) worth more than was paid.
+    spans = [(r.starts_at, listing.starts_at), (listing.starts_at, listing.ends_at), (listing.ends_at, r.ends_at)]
+    before_total, _, after_total = split_cents(r.price_total, [(b - a).total_seconds() for a, b in spans])
 
-    def piece(holder, start, end, state, per_hour=r.price_per_hour, total=None, order=r.order) -> Reservation:
-        share = Decimal(str((end - start).total_seconds() / 3600)) / hours
+    def piece(holder, start, end, state, total, per_hour=r.price_per_hour, order=r.order) -> Reservation:
         return Reservation.objects.create(
             holder=holder, order=order, parent=r, gpu_id=r.gpu_id, profile=r.profile, slot_start=r.slot_start,
             slot_end=r.slot_end, starts_at=start, ends_at=end, state=state, price_per_hour=per_hour,
-            price_total=total if total is not None else capacity.cents(r.price_total * share))
+            price_total=total)
 
     pieces = []
     if r.starts_at < listing.starts_at:
-        pieces.append(piece(r.holder, r.starts_at, listing.starts_at, _live_state(r)))
-    mine = piece(buyer, listing.starts_at, listing.ends_at, Reservation.State.BOOKED,
-                 per_hour=listing.ask_per_hour, total=listing.price_total, order=order)
+        pieces.append(piece(r.holder, r.starts_at, listing.starts_at, _live_state(r), before_total))
+    mine = piece(buyer, listing.starts_at, listing.ends_at, Reservation.State.BOOKED, listing.price_total,
+                 per_hour=listing.ask_per_hour, order=order)
     if listing.ends_at < r.ends_at:
-        pieces.append(piece(r.holder, listing.ends_at, r.ends_at, Reservation.State.BOOKED))
+        pieces.append(piece(r.holder, listing.ends_at, r.ends_at, Reservation.State.BOOKED, after_total))
     # The seller's running lease (if any) belongs to the piece that covers now; other listings follow theirs.
     before = pieces[0] if pieces and pieces[0].starts_at == r.starts_at else None
     if before is not None:
@@ -164,6 +166,21 @@ def _split(r: Reservation, *, listing: ResaleListing, buyer, order: Order) -> Re
         if home is not None:
             ResaleListing.objects.filter(pk=other.pk).update(reservation=home)
     return mine
+
+
+def split_cents(total: Decimal, weights: list[float]) -> list[Decimal]:
+    """`total` (whole cents) shared pro rata over `weights` in whole cents adding up to exactly `total`: each
+    gets its floor, the cents left over go to the largest remainders (ties: the earlier)."""
+    cents_total = int((total * 100).to_integral_value())
+    weight_sum = sum(w for w in weights if w > 0)
+    if weight_sum <= 0:
+        return [Decimal("0.00")] * len(weights)
+    exact = [Decimal(cents_total) * Decimal(repr(max(w, 0.0))) / Decimal(repr(weight_sum)) for w in weights]
+    floors = [int(e) for e in exact]
+    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - floors[i]), i))
+    for i in order[:cents_total - sum(floors)]:
+        floors[i] += 1
+    return [Decimal(c) / 100 for c in floors]
 
 
 def _live_state(r: Reservation) -> str:

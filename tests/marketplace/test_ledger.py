@@ -223,3 +223,60 @@ def test_the_same_idempotency_key_posted_concurrently_writes_one_transaction():
         t.join(timeout=60)
     assert len(ids) == 8 and len(set(ids)) == 1
     assert ledger.wallet_balance(user=buyer) == D("2")
+
+
+@pytest.mark.django_db
+def test_refunds_of_one_charge_under_different_keys_never_add_up_to_more_than_it_charged():
+    buyer, provider = UserFactory(), UserFactory()
+    topup(buyer, "10")
+    charge = ledger.charge_usage(buyer=buyer, provider=provider, amount=D("1.00"), fee_rate=D("0.10"),
+                                 idempotency_key="c")
+    ledger.refund(original=charge, amount=D("0.60"), idempotency_key="r1")
+    with pytest.raises(DomainError, match="left of the charged") as err:
+        ledger.refund(original=charge, amount=D("0.60"), idempotency_key="r2")
+    assert err.value.code == "refund_exceeds_charge"
+    again = ledger.refund(original=charge, amount=D("0.60"), idempotency_key="r1")  # a retry of r1 posts nothing
+    rest = ledger.refund(original=charge, idempotency_key="r3")  # default: what is left
+    assert again.idempotency_key == "r1" and rest.entries.get(account__kind="wallet").amount == D("0.40")
+    with pytest.raises(DomainError):
+        ledger.refund(original=charge, idempotency_key="r4")
+    assert ledger.wallet_balance(user=buyer) == D("10") and ledger.ledger_check() == []
+    charge.refresh_from_db()
+    assert (charge.charged_amount, charge.refunded_amount) == (D("1.00"), D("1.00"))
+
+
+@pytest.mark.django_db
+def test_the_database_refuses_refunded_so_far_above_the_charge():
+    buyer, provider = UserFactory(), UserFactory()
+    topup(buyer, "10")
+    charge = ledger.charge_usage(buyer=buyer, provider=provider, amount=D("1.00"), idempotency_key="c")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        LedgerTransaction.objects.filter(pk=charge.pk).update(charged_amount=D("1.00"), refunded_amount=D("1.01"))
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_full_refunds_of_one_charge_under_different_keys_refund_it_once():
+    buyer, provider = UserFactory(), UserFactory()
+    topup(buyer, "10")
+    charge = ledger.charge_usage(buyer=buyer, provider=provider, amount=D("2.00"), idempotency_key="c")
+    start = threading.Barrier(8)
+    results: list[str] = []
+
+    def back(n: int):
+        try:
+            start.wait()
+            ledger.refund(original=charge, idempotency_key=f"refund:{n}")
+            results.append("ok")
+        except DomainError:
+            results.append("refused")
+        finally:
+            close_old_connections()
+
+    threads = [threading.Thread(target=back, args=(n,)) for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(results) == ["ok"] + ["refused"] * 7
+    assert ledger.wallet_balance(user=buyer) == D("10") and ledger.ledger_check() == []

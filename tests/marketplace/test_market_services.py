@@ -386,3 +386,30 @@ def test_a_queued_order_with_a_duration_cannot_take_slots_a_reservation_needs_du
     with pytest.raises(Conflict):
         orders.order_place(buyer=b, spec=OrderSpec(mode="on_demand", whole_gpu=True, duration_seconds=3600))
 
+
+@pytest.mark.parametrize("total, weights, expect", [
+    ("0.05", [70, 70, 70], ["0.02", "0.02", "0.01"]),
+    ("1.00", [1, 1, 1], ["0.34", "0.33", "0.33"]),
+    ("0.07", [0, 60, 30], ["0.00", "0.05", "0.02"]),
+])
+def test_a_price_split_over_windows_adds_up_to_exactly_the_price_in_cents(total, weights, expect):
+    assert resale.split_cents(Decimal(total), weights) == [Decimal(e) for e in expect]
+
+
+def test_the_pieces_of_a_split_reservation_never_add_up_to_more_than_it_paid(fleet):
+    fleet.node("l4:1", price="1.00")  # reserved 0.85/h
+    a, b = UserFactory(), UserFactory()
+    top_up(a, "10")
+    top_up(b, "10")
+    start = (timezone.now() + timedelta(hours=2)).replace(microsecond=0)
+    orders.order_place(buyer=a, spec=OrderSpec(mode="reserved", window_start=start,
+                                               window_end=start + timedelta(seconds=210)))
+    parent = Reservation.objects.get(holder=a)
+    assert parent.price_total == Decimal("0.05")
+    listing = resale.listing_create(seller=a, reservation_id=parent.pk, starts_at=start + timedelta(seconds=70),
+                                    ends_at=start + timedelta(seconds=140), ask_per_hour=Decimal("0.50"))
+    resale.listing_purchase(buyer=b, listing_id=listing.pk)
+    kept = sum(r.price_total for r in Reservation.objects.filter(parent=parent, holder=a))
+    # A third of 5 cents is 1.67 cents: rounding each piece alone gave the seller 2 + 2 cents and the sold
+    # third 2 more, 6 cents of a 5-cent booking (refundable if the platform failed to deliver).
+    assert kept == Decimal("0.03")
