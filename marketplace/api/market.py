@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.parsers import JSONParser
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 
+from marketplace.api.json_only import JsonWrites
 from marketplace.models import Lease, Mode, Order, Reservation, ResaleListing, SpotBid, SpotPrice
 from marketplace.selectors import market as selectors
 from marketplace.services import leases as lease_services
@@ -134,10 +134,6 @@ class SpotPriceSerializer(serializers.ModelSerializer):
         model = SpotPrice
         fields = ["gpu_model", "at", "factor", "free_share", "price_per_gpu_hour"]
         read_only_fields = fields
-
-
-class JsonWrites:
-    parser_classes = [JSONParser]
 
 
 class OrderViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

@@ -12,6 +12,7 @@ from rest_framework import mixins, renderers, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from marketplace.api.json_only import JsonWrites
 from marketplace.models import Account, LedgerEntry, Payment, Project, UsageRecord
 from marketplace.services import ledger, payments, projects, statements
 from scheduler.errors import DomainError
@@ -143,7 +144,7 @@ class LedgerEntryViewSet(viewsets.ReadOnlyModelViewSet):
         return qs
 
 
-class TopUpViewSet(viewsets.GenericViewSet):
+class TopUpViewSet(JsonWrites, viewsets.GenericViewSet):
     """POST {amount, card?}: a Stripe PaymentIntent for the wallet. Send an Idempotency-Key header to retry safely.
     Without `card`, confirm it in the browser with Stripe.js (client_secret + publishable_key)."""
 
@@ -162,7 +163,7 @@ class TopUpViewSet(viewsets.GenericViewSet):
                          "stripe_js": payments.stripe_js_url()}, status=status.HTTP_201_CREATED)
 
 
-class PaymentViewSet(viewsets.ReadOnlyModelViewSet):
+class PaymentViewSet(JsonWrites, viewsets.ReadOnlyModelViewSet):
     """The user's top-ups. POST /payments/{id}/refund/ {amount?} refunds the unspent part to the card."""
 
     serializer_class = PaymentSerializer
@@ -183,7 +184,7 @@ class PaymentViewSet(viewsets.ReadOnlyModelViewSet):
         return Response(PaymentSerializer(payment).data)
 
 
-class ProjectViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class ProjectViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """The buyer's projects: create, rename, delete (only while nothing was billed to it)."""
 
     serializer_class = ProjectSerializer

@@ -303,3 +303,67 @@ def test_a_reservation_booked_for_a_project_is_charged_to_it(fleet):
                                    "window_end": iso(start + timedelta(hours=1))}, format="json")
     assert r.status_code == 201, r.content
     assert LedgerTransaction.objects.get(order_id=r.json()["id"], kind="reservation").project_id == mine
+
+
+@pytest.fixture
+def writes(fleet):
+    """A buyer with something behind every write endpoint: a running lease, a queued order, a reservation
+    listed for resale (by another seller), a project and a succeeded top-up."""
+    from marketplace.models import Payment, Project
+    from marketplace.services import orders, resale
+    from marketplace.services.orders import OrderSpec
+
+    fleet.node("l4:3", price="1.00")
+    buyer, seller = UserFactory(), UserFactory()
+    top_up(buyer, "50"), top_up(seller, "50")
+    lease_order = orders.order_place(buyer=buyer, spec=OrderSpec(mode="on_demand", whole_gpu=True))
+    fleet.play()
+    start = timezone.now() + timedelta(hours=3)
+    orders.order_place(buyer=buyer, spec=OrderSpec(mode="reserved", window_start=start,
+                                                   window_end=start + timedelta(hours=2)))
+    orders.order_place(buyer=seller, spec=OrderSpec(mode="reserved", window_start=start,
+                                                    window_end=start + timedelta(hours=2)))
+    listing = resale.listing_create(seller=seller, reservation_id=Reservation.objects.get(holder=seller).pk,
+                                    starts_at=start, ends_at=start + timedelta(hours=1), ask_per_hour=Decimal("0.5"))
+    project = Project.objects.create(user=buyer, name="p")
+    payment = Payment.objects.create(user=buyer, stripe_payment_intent_id="pi_x", amount=Decimal("10"),
+                                     status=Payment.Status.SUCCEEDED)
+    return {"buyer": buyer, "lease": Lease.objects.get(order=lease_order).pk, "order": lease_order.pk,
+            "reservation": Reservation.objects.get(holder=buyer).pk, "listing": listing.pk,
+            "project": project.pk, "payment": payment.pk}
+
+
+@pytest.mark.parametrize("method, path, body", [
+    ("post", "/api/v1/orders/", "mode=on_demand&whole_gpu=true"),
+    ("post", "/api/v1/bids/", "max_price_per_hour=1.00"),
+    ("post", "/api/v1/orders/{order}/cancel/", "x=1"),
+    ("post", "/api/v1/leases/{lease}/end/", "x=1"),
+    ("post", "/api/v1/reservations/{reservation}/list-for-resale/", "ask_per_hour=0.1"),
+    ("post", "/api/v1/resale-listings/{listing}/buy/", "x=1"),
+    ("post", "/api/v1/topups/", "amount=25.00"),
+    ("post", "/api/v1/payments/{payment}/refund/", "amount=1.00"),
+    ("post", "/api/v1/projects/", "name=q"),
+    ("patch", "/api/v1/projects/{project}/", "name=renamed"),
+    ("delete", "/api/v1/projects/{project}/", "x=1"),
+])
+def test_every_api_write_refuses_a_form_encoded_body_with_a_415_in_the_one_error_shape_and_writes_nothing(
+        writes, method, path, body):
+    from marketplace.models import LedgerEntry, Payment, Project
+
+    def state():
+        return (list(Order.objects.values_list("id", "state")), list(Lease.objects.values_list("id", "state")),
+                list(Reservation.objects.values_list("id", "state", "holder")),
+                list(ResaleListing.objects.values_list("id", "state")), list(Project.objects.values_list("id", "name")),
+                list(Payment.objects.values_list("id", "status", "refunded_amount")), LedgerEntry.objects.count())
+
+    before = state()
+    r = getattr(client_for(writes["buyer"]), method)(path.format(**writes), data=body,
+                                                     content_type="application/x-www-form-urlencoded")
+    assert r.status_code == 415, r.content
+    assert r.json()["error"]["code"] == "unsupported_media_type" and "JSON" in r.json()["error"]["message"]
+    assert state() == before
+
+
+def test_a_write_without_a_body_still_works(writes):
+    r = client_for(writes["buyer"]).post(f"/api/v1/leases/{writes['lease']}/end/")
+    assert r.status_code == 200 and r.json()["state"] in ("ending", "ended")
