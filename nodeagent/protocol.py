@@ -33,6 +33,7 @@ E_BAD_FRAME = "bad_frame"
 E_VERSION = "unsupported_version"
 E_UNAUTHORISED = "unauthorised"
 E_FORBIDDEN = "forbidden"
+E_RATE_LIMITED = "rate_limited"  # a frame over the server's per-socket rate: dropped
 E_REPLACED = "replaced"  # a newer connection now speaks for this node (close 4409)
 E_NOT_FOUND = "not_found"
 E_INSUFFICIENT = "insufficient_resources"

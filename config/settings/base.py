@@ -135,7 +135,25 @@ FLEET = {
     # Power above this share of the model's TDP for this many samples in a row cordons the GPU.
     "POWER_CORDON_SHARE": env_float("FLEET_POWER_CORDON_SHARE", 1.1, minimum=1.0, maximum=3.0),
     "POWER_CORDON_SAMPLES": env_int("FLEET_POWER_CORDON_SAMPLES", 5, minimum=1, maximum=3600),
+    # Per-socket limits on agent frames (token buckets: frames per second, and how many may come back to
+    # back). Over the rate a frame gets an error and is dropped; more than AGENT_MAX_DROPPED drops within
+    # AGENT_DROP_WINDOW_SECONDS close the socket (4400).
+    "AGENT_METRICS_RATE": env_float("FLEET_AGENT_METRICS_RATE", 5.0, minimum=0.1, maximum=1e6),
+    "AGENT_METRICS_BURST": env_int("FLEET_AGENT_METRICS_BURST", 10, minimum=1, maximum=10**6),
+    "AGENT_EVENT_RATE": env_float("FLEET_AGENT_EVENT_RATE", 1.0, minimum=0.01, maximum=1e6),
+    "AGENT_EVENT_BURST": env_int("FLEET_AGENT_EVENT_BURST", 20, minimum=1, maximum=10**6),
+    "AGENT_EVENT_DETAIL_MAX_BYTES": env_int("FLEET_AGENT_EVENT_DETAIL_MAX_BYTES", 4096, minimum=64,
+                                            maximum=1 << 20),
+    "AGENT_MAX_DROPPED": env_int("FLEET_AGENT_MAX_DROPPED", 30, minimum=1),
+    "AGENT_DROP_WINDOW_SECONDS": env_float("FLEET_AGENT_DROP_WINDOW", 10.0, minimum=1.0, maximum=3600),
 }
+if FLEET["AGENT_METRICS_RATE"] * FLEET["METRICS_INTERVAL_SECONDS"] < 1.5:
+    # Agents send one frame per interval: a limit at or under that rate would refuse healthy agents.
+    from config.env import ImproperlyConfiguredEnv
+
+    raise ImproperlyConfiguredEnv("FLEET_AGENT_METRICS_RATE", f"{FLEET['AGENT_METRICS_RATE']:g} frames/s is too "
+                                  f"low for FLEET_METRICS_INTERVAL {FLEET['METRICS_INTERVAL_SECONDS']:g} s "
+                                  f"(needs at least 1.5 frames per interval)")
 
 # --- REST API ----------------------------------------------------------------------------------
 REST_FRAMEWORK = {

@@ -25,6 +25,7 @@ from scheduler.services.events import agent_group, node_group
 
 from .base import LoopConsumer
 from .ingest import INGEST
+from .limits import DropWindow, TokenBucket
 from .relay import RELAY
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,11 @@ class AgentConsumer(LoopConsumer):
         self.tdp_w: dict[str, int] = {}  # GPU uuid -> its catalog model's TDP (watts)
         self.power_streak: dict[str, int] = {}  # GPU uuid -> samples in a row over the power limit
         self.thresholds = health_services.Thresholds.from_settings()
+        fleet = settings.FLEET
+        self.metrics_bucket = TokenBucket(rate=fleet["AGENT_METRICS_RATE"], burst=fleet["AGENT_METRICS_BURST"])
+        self.event_bucket = TokenBucket(rate=fleet["AGENT_EVENT_RATE"], burst=fleet["AGENT_EVENT_BURST"])
+        self.event_detail_max = fleet["AGENT_EVENT_DETAIL_MAX_BYTES"]
+        self.drops = DropWindow(window=fleet["AGENT_DROP_WINDOW_SECONDS"], max_dropped=fleet["AGENT_MAX_DROPPED"])
         INGEST.ensure_running()
         RELAY.ensure_running()
 
@@ -92,13 +98,14 @@ class AgentConsumer(LoopConsumer):
         elif not self.ready:
             await self._refuse(protocol.E_BAD_FRAME, f"{kind} before hello", close=True)
         elif kind == "metrics":
-            await self._metrics(frame)
+            if self.metrics_bucket.take():
+                await self._metrics(frame)
+            else:
+                await self._drop("metrics")
         elif kind == "result":
             await database_sync_to_async(command_services.command_complete)(node_id=self.node_id, frame=frame)
         elif kind == "event":
-            await database_sync_to_async(health_services.health_event_record)(
-                node_id=self.node_id, gpu_uuid=frame.get("gpu_uuid"), kind=frame["kind"],
-                message=str((frame.get("detail") or {}).get("message", frame["kind"])), detail=frame.get("detail") or {})
+            await self._event(frame)
         else:
             await self._refuse(protocol.E_BAD_FRAME, f"agents may not send {kind!r} frames")
 
@@ -107,6 +114,27 @@ class AgentConsumer(LoopConsumer):
         await self._error(code, message)
         if close or self.bad_frames >= MAX_BAD_FRAMES:
             await self.close(code=CLOSE_BAD_FRAME)
+
+    async def _drop(self, kind: str) -> None:
+        """A frame over this socket's rate: refused and dropped; persistent flooding closes the socket."""
+        await self._error(protocol.E_RATE_LIMITED, f"{kind} frame over this connection's rate limit: dropped")
+        if self.drops.drop():
+            log.warning("closing the agent socket of node %s: it keeps sending over its rate limits", self.node_label)
+            await self.close(code=CLOSE_BAD_FRAME)
+
+    async def _event(self, frame: dict) -> None:
+        if not self.event_bucket.take():
+            await self._drop("event")
+            return
+        detail = frame.get("detail") or {}
+        size = len(json.dumps(detail, separators=(",", ":")).encode())
+        if size > self.event_detail_max:
+            await self._refuse(protocol.E_BAD_FRAME, f"event detail is {size} bytes; at most "
+                                                     f"{self.event_detail_max} are accepted")
+            return
+        await database_sync_to_async(health_services.health_event_record)(
+            node_id=self.node_id, gpu_uuid=frame.get("gpu_uuid"), kind=frame["kind"],
+            message=str(detail.get("message", frame["kind"])), detail=detail)
 
     async def _hello(self, frame: dict) -> None:
         # Join the node's agent group before reading its open commands: a command committed in between
