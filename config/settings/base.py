@@ -124,6 +124,9 @@ FLEET = {
     "HEARTBEAT_TIMEOUT_SECONDS": env_float("FLEET_HEARTBEAT_TIMEOUT", 15.0, minimum=1.0),
     "METRICS_INTERVAL_SECONDS": env_float("FLEET_METRICS_INTERVAL", 1.0, minimum=0.05, maximum=60),
     "METRICS_FLUSH_SECONDS": env_float("FLEET_METRICS_FLUSH", 2.0, minimum=0.05, maximum=60),
+    # GPU-minute aggregates a web process keeps while flushes fail (database away); past it the oldest
+    # minutes are dropped. 200,000 is 50 minutes of 500 nodes x 8 GPUs, a few hundred bytes each.
+    "METRICS_BUFFER_MAX_ROLLUPS": env_int("FLEET_METRICS_BUFFER_MAX_ROLLUPS", 200_000, minimum=1),
     "COMMAND_TIMEOUT_SECONDS": env_float("FLEET_COMMAND_TIMEOUT", 30.0, minimum=1.0),
     "OFFLINE_CHECK_SECONDS": env_float("FLEET_OFFLINE_CHECK", 5.0, minimum=0.5),
     # Health thresholds that cordon a GPU (DESIGN.md §7).

@@ -3,11 +3,14 @@
 Every flush a web process upserts the latest sample per GPU, merges the samples it took since the last
 flush into each GPU-minute's min/avg/max rollup (one INSERT ... ON CONFLICT per table; the merge adds to
 what is there, so a node that reconnects to another web process within a minute loses nothing), and stamps
-the heartbeat of every node heard from (one UPDATE).
+the heartbeat of every node heard from (one UPDATE). A failed flush keeps what it took for the next one;
+through a long database outage the kept GPU-minute aggregates are capped (FLEET_METRICS_BUFFER_MAX_ROLLUPS):
+the oldest minutes are dropped, counted and logged, so the web process's memory stays bounded.
 """
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timezone as dt_timezone
@@ -59,6 +62,7 @@ class MetricsIngest:
         self.rollups: dict[tuple[int, int], _Agg] = {}  # (gpu pk, minute epoch) -> samples since last flush
         self.heard: dict = {}  # node pk -> ts
         self.samples_total = 0
+        self.rollups_dropped = 0  # GPU-minute aggregates given up while the database was away
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -112,8 +116,21 @@ class MetricsIngest:
                 self.rollups[k] = agg
             for k, v in heard.items():
                 self.heard.setdefault(k, v)
+            self._cap_rollups()
             raise
         return len(latest)
+
+
+    def _cap_rollups(self) -> None:
+        """Drop the oldest GPU-minutes past the cap (only after a failed flush: not on the hot path)."""
+        excess = len(self.rollups) - settings.FLEET["METRICS_BUFFER_MAX_ROLLUPS"]
+        if excess <= 0:
+            return
+        for key in heapq.nsmallest(excess, self.rollups, key=lambda k: k[1]):
+            del self.rollups[key]
+        self.rollups_dropped += excess
+        log.warning("metrics buffer full while the database is unreachable: dropped the %d oldest GPU-minute "
+                    "rollups (%d dropped since start); kept %d", excess, self.rollups_dropped, len(self.rollups))
 
 
 def _dt(ts: float) -> datetime:

@@ -62,3 +62,22 @@ async def test_a_failed_flush_keeps_its_samples_for_the_next_one(gpu, monkeypatc
     await buf.flush()
     row = await sync_to_async(GpuMetricRollup.objects.get)(gpu=gpu)
     assert row.samples == 2 and (row.temp_min, row.temp_max) == (40, 60)
+
+
+async def test_a_long_database_outage_keeps_only_the_newest_gpu_minutes_and_counts_and_logs_the_dropped_ones(
+        gpu, monkeypatch, settings, caplog):
+    settings.FLEET = {**settings.FLEET, "METRICS_BUFFER_MAX_ROLLUPS": 3}
+    buf = MetricsIngest()
+
+    def broken(*args):
+        raise RuntimeError("database went away")
+    monkeypatch.setattr(ingest_module, "_write", broken)
+    for minute in range(5):  # five minutes of outage, one flush failing each minute
+        buf.add(node_id=gpu.node_id, ts=MINUTE + 60 * minute + 1, samples=[(gpu.pk, sample(40 + minute))])
+        with pytest.raises(RuntimeError):
+            await buf.flush()
+        assert len(buf.rollups) <= 3
+    assert sorted(m for _, m in buf.rollups) == [MINUTE + 120, MINUTE + 180, MINUTE + 240]  # the oldest went
+    assert buf.rollups_dropped == 2
+    assert "dropped" in caplog.text and "GPU-minute" in caplog.text
+    assert buf.latest[gpu.pk][1]["temp_c"] == 44  # the latest reading per GPU is bounded anyway, kept
