@@ -140,8 +140,11 @@ def _try_place(*, order: Order, now: datetime, first: bool = False) -> bool:
     if first and order.mode == Mode.SPOT:
         from .spot import bid_cap
 
-        cap = bid_cap(snapshot=snapshot_now(), request=request)
-        if cap is not None and order.max_price_per_hour > cap:
+        cap = bid_cap(request=request)
+        if cap is None:
+            raise DomainError("no GPU in the catalog can serve this order, so there is no on-demand price to "
+                              "cap a bid against", field="max_price_per_hour")
+        if order.max_price_per_hour > cap:
             raise DomainError(f"a bid above the on-demand price ({cap}/h) is refused: order on demand instead",
                               field="max_price_per_hour")
     allow_preemption = order.mode == Mode.ON_DEMAND and (order.preempt_until is None or order.preempt_until <= now)

@@ -15,7 +15,8 @@ from django.utils import timezone
 from marketplace.models import Interruption, Lease, Mode, SpotBid, SpotPrice
 from marketplace.services import ledger
 from scheduler.core.model import Request
-from scheduler.models import Node
+from scheduler.core.mig import MigGeometry, smallest_fitting_profile
+from scheduler.models import Gpu, Node
 from scheduler.services import allocation
 from scheduler.services.commands import command_issue
 
@@ -30,19 +31,34 @@ def spot_factor_for(*, model: str) -> Decimal:
     return latest if latest is not None else spot_factor_now(free_share=1.0)
 
 
-def bid_cap(*, snapshot: allocation.Snapshot, request: Request) -> Decimal | None:
-    """The highest on-demand price among slices that could serve `request` (a bid above it is pointless)."""
+def bid_cap(*, request: Request) -> Decimal | None:
+    """The highest on-demand price of any unit in the catalog that could serve `request` (a bid above it is
+    pointless): every registered node's present GPUs of the allowed models and regions, online or not, so an
+    order that queues because nothing is free (or nothing is online) is capped like one placed at once.
+    None when no GPU anywhere could serve it."""
+    gpus = Gpu.objects.filter(present=True, gpu_model__isnull=False)
+    if request.models is not None:
+        gpus = gpus.filter(gpu_model__key__in=list(request.models))
+    if request.regions is not None:
+        gpus = gpus.filter(node__region__in=list(request.regions))
     best = None
-    pool = snapshot.pool
-    for rec in pool.records:
-        if request.models is not None and rec.gpu.model not in request.models:
-            continue
-        profile, reason = pool.slice_for(rec.gpu, request)
-        if reason:
-            continue
-        node = snapshot.nodes[rec.node.id]
-        price = on_demand_price(node=node, geometry=rec.gpu.geometry, profile=profile)
-        best = price if best is None else max(best, price)
+    # One row per distinct (price, model, MIG layout): a fleet of identical GPUs is priced once.
+    for price, key, memory_gb, mig_enabled, geometry_dict in (
+            gpus.values_list("node__price_per_gpu_hour", "gpu_model__key", "gpu_model__memory_gb", "mig_enabled",
+                             "mig_geometry").distinct()):
+        geometry = MigGeometry.from_dict(geometry_dict) if mig_enabled and geometry_dict else None
+        if request.wants_whole or geometry is None:
+            if float(memory_gb) + 1e-9 < request.memory_gb:
+                continue
+            profile = None
+        else:
+            fit = smallest_fitting_profile(geometry, memory_gb=request.memory_gb,
+                                           compute_slices=request.compute_slices)
+            if fit is None:
+                continue
+            profile = fit.name
+        od = on_demand_price(node=Node(price_per_gpu_hour=price), geometry=geometry, profile=profile)
+        best = od if best is None else max(best, od)
     return best
 
 

@@ -413,3 +413,34 @@ def test_the_pieces_of_a_split_reservation_never_add_up_to_more_than_it_paid(fle
     # A third of 5 cents is 1.67 cents: rounding each piece alone gave the seller 2 + 2 cents and the sold
     # third 2 more, 6 cents of a 5-cent booking (refundable if the platform failed to deliver).
     assert kept == Decimal("0.03")
+
+
+def test_a_queued_spot_bid_above_the_on_demand_price_is_refused_though_nothing_is_free_or_online(fleet):
+    node = fleet.node("l4:1", price="1.00")  # on demand 1.80/h
+    a, b = UserFactory(), UserFactory()
+    top_up(a, "10")
+    top_up(b, "10")
+    running_lease(fleet, a, whole_gpu=True)  # nothing is free: a spot order would wait in the queue
+    with pytest.raises(DomainError, match="on-demand price") as err:
+        orders.order_place(buyer=b, spec=OrderSpec(mode="spot", max_price_per_hour=Decimal("100000"),
+                                                    if_unavailable="queue"))
+    assert err.value.field == "max_price_per_hour"
+    node.status = "offline"
+    node.save(update_fields=["status"])  # nothing is online: the registered node's price still caps the bid
+    with pytest.raises(DomainError, match="on-demand price"):
+        orders.order_place(buyer=b, spec=OrderSpec(mode="spot", max_price_per_hour=Decimal("1.81"),
+                                                    if_unavailable="queue"))
+    assert Order.objects.filter(buyer=b).count() == 0
+    queued = orders.order_place(buyer=b, spec=OrderSpec(mode="spot", max_price_per_hour=Decimal("1.80"),
+                                                         if_unavailable="queue"))
+    assert queued.state == Order.State.QUEUED
+
+
+def test_a_spot_bid_on_a_unit_no_gpu_in_the_catalog_can_serve_is_refused(fleet):
+    fleet.node("l4:1", price="1.00")
+    buyer = UserFactory()
+    top_up(buyer, "10")
+    with pytest.raises(DomainError, match="no GPU in the catalog"):
+        orders.order_place(buyer=buyer, spec=OrderSpec(mode="spot", gpu_models=["h100-80gb"],
+                                                        max_price_per_hour=Decimal("100000"), if_unavailable="queue"))
+    assert not Order.objects.exists()
