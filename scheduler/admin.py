@@ -1,5 +1,7 @@
 from django.contrib import admin, messages
 
+from scheduler.errors import DomainError
+
 from scheduler.models import AgentCommand, Gpu, GpuMetricLatest, GpuMetricRollup, GpuModel, GpuProfile, HealthEvent, Node, Slice
 from scheduler.services import health as health_services
 from scheduler.services import nodes as node_services
@@ -70,7 +72,7 @@ class GpuAdmin(admin.ModelAdmin):
     search_fields = ["uuid", "name", "node__name"]
     list_select_related = ["node", "gpu_model"]
     readonly_fields = ["uuid", "node", "index", "name", "memory_mib", "mig_geometry"]
-    actions = ["cordon", "uncordon"]
+    actions = ["cordon", "uncordon", "release"]
 
     @admin.action(description="Cordon selected GPUs (no new work)")
     def cordon(self, request, queryset):
@@ -82,6 +84,21 @@ class GpuAdmin(admin.ModelAdmin):
     def uncordon(self, request, queryset):
         n = sum(health_services.gpu_uncordon(gpu_id=g.pk, by=request.user.username) for g in queryset)
         self.message_user(request, f"{n} GPU(s) uncordoned", messages.SUCCESS)
+
+    @admin.action(description="Release GPU uuid from its dead (offline) node")
+    def release(self, request, queryset):
+        """A GPU moved to another provider's server (sold, RMA): free its uuid so that node's hello may
+        claim it. Moves between one provider's servers need no operator: the hello moves the GPU."""
+        released = 0
+        for gpu in queryset:
+            try:
+                node_services.gpu_release(gpu_id=gpu.pk, by=request.user.username)
+                released += 1
+            except DomainError as exc:
+                self.message_user(request, exc.message, messages.ERROR)
+        if released:
+            self.message_user(request, f"{released} GPU uuid(s) released; another node may now claim them",
+                              messages.SUCCESS)
 
 
 @admin.register(Slice)
@@ -122,3 +139,4 @@ class GpuMetricRollupAdmin(admin.ModelAdmin):
 class GpuMetricLatestAdmin(admin.ModelAdmin):
     list_display = ["gpu", "at", "util", "mem_used_mib", "temp_c", "power_w", "ecc_dbe"]
     list_select_related = ["gpu__node"]
+

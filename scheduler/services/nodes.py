@@ -70,7 +70,8 @@ def node_hello(*, node_id, frame: dict, token_hash: str | None = None) -> Node:
     """Apply an agent's hello (already validated by nodeagent.protocol): node facts and its GPU inventory.
 
     The geometry the agent reports is what the server plans with. A GPU uuid that belongs to another
-    node is refused and nothing is written: an agent can never write another node's records. With
+    node is refused and nothing is written (an agent can never write another node's records), except a
+    GPU of an offline node of the same provider: it was reinstalled here, and moves with its history. With
     `token_hash` (the one the socket authenticated with), a token rotated since is refused too.
     """
     now = timezone.now()
@@ -80,9 +81,21 @@ def node_hello(*, node_id, frame: dict, token_hash: str | None = None) -> Node:
         if token_hash is not None and node.token_hash != token_hash:
             raise DomainError("this node's token was rotated; start the agent with the new one",
                               code="unauthorised", status=401)
-        foreign = Gpu.objects.filter(uuid__in=reported).exclude(node=node).values_list("uuid", flat=True)
-        if foreign:
-            raise PermissionDenied(f"GPU {sorted(foreign)[0]} belongs to another node", code="forbidden")
+        # Lock the GPUs claimed from other nodes: the race is two hellos both moving the same GPU.
+        foreign = list(Gpu.objects.select_for_update().filter(uuid__in=reported).exclude(node=node)
+                       .select_related("node").order_by("uuid"))
+        refused = [g.uuid for g in foreign if not _may_move(g, to=node)]
+        if refused:
+            raise PermissionDenied(f"GPU {refused[0]} belongs to another node", code="forbidden")
+        for gpu in foreign:
+            # Reinstalled in another server of the same provider: the record (health, metrics) follows it.
+            old_node = gpu.node
+            gpu.node = node
+            _save_gpu_index_safely(gpu)
+            HealthEvent.objects.bulk_create([
+                HealthEvent(node=old_node, gpu=gpu, kind="gpu_moved", message=f"GPU {gpu.uuid} moved to {node.name}"),
+                HealthEvent(node=node, gpu=gpu, kind="gpu_moved", message=f"GPU {gpu.uuid} moved here from "
+                                                                         f"{old_node.name} (offline)")])
         geometries = {uuid: _geometry_of(g) for uuid, g in reported.items()}
         node.hostname = frame["hostname"][:255]
         node.driver_version = frame["driver_version"][:40]
@@ -112,6 +125,34 @@ def node_hello(*, node_id, frame: dict, token_hash: str | None = None) -> Node:
                                            f"{len(reported)} GPUs")
     transaction.on_commit(lambda: announce_node(node.pk, {"status": node.status}))
     return node
+
+
+def _may_move(gpu: Gpu, *, to: Node) -> bool:
+    """A GPU claimed by `to`'s hello may leave its node only for a node of the same provider, and only while
+    its node is offline (both up would mean one GPU in two servers: a copied inventory, not a move)."""
+    return gpu.node.provider_id == to.provider_id and gpu.node.status == Node.Status.OFFLINE
+
+
+def gpu_release(*, gpu_id: int, by: str = "operator") -> Gpu:
+    """Free a dead node's GPU uuid so another node (of any provider) may claim it; the record and its history
+    stay with the old node under a renamed uuid. Refused while the node is not offline."""
+    now = timezone.now()
+    with transaction.atomic():
+        gpu = Gpu.objects.select_for_update().select_related("node").get(pk=gpu_id)
+        if gpu.node.status != Node.Status.OFFLINE:
+            raise Conflict(f"{gpu} is on a node that is {gpu.node.status}; only a dead (offline) node's GPU can be "
+                           f"released", code="node_not_offline")
+        original = gpu.uuid
+        gpu.uuid, gpu.present = f"released-{gpu.pk}-{original}"[:80], False
+        gpu.save(update_fields=["uuid", "present"])
+        # Its instances went with the node: the capacity they held is gone.
+        for sl in Slice.objects.select_for_update().filter(gpu=gpu, state__in=Slice.ACTIVE_STATES):
+            sl.state, sl.ended_at, sl.error = Slice.State.DESTROYED, now, "GPU released from a dead node"
+            sl.save(update_fields=["state", "ended_at", "error"])
+            slice_destroyed.send(sender=Slice, slice=sl, at=now)
+        HealthEvent.objects.create(node=gpu.node, gpu=gpu, kind="released",
+                                   message=f"GPU {original} released by {by}", detail={"uuid": original})
+    return gpu
 
 
 def _save_gpu_index_safely(gpu: Gpu) -> None:

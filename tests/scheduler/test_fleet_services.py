@@ -368,3 +368,60 @@ def test_a_slice_held_according_to_a_hold_check_receiver_is_refused_to_its_provi
         assert slice_services.slice_destroy(slice_id=held.pk).state == Slice.State.DESTROYING
     finally:
         slice_hold_check.disconnect(dispatch_uid="test.holder")
+
+
+def _offline(node):
+    Node.objects.filter(pk=node.pk).update(status=Node.Status.OFFLINE)
+
+
+def test_a_gpu_reinstalled_in_another_node_of_the_same_provider_moves_there_with_its_history():
+    provider = UserFactory()
+    old, _ = node_with_token(provider=provider, name="old-server")
+    new, _ = node_with_token(provider=provider, name="new-server")
+    backend = sim_backend("l4:1", hostname="gpu-box", seed=11)
+    node_services.node_hello(node_id=old.pk, frame=hello_from(backend))
+    gpu = old.gpus.get()
+    health_services.gpu_cordon(gpu_id=gpu.pk, reason="fan noise")
+    _offline(old)  # the old server is dead; its GPU went into the new one
+    node_services.node_hello(node_id=new.pk, frame=hello_from(sim_backend("l4:1", hostname="gpu-box", seed=11)))
+    moved = Gpu.objects.get(uuid=gpu.uuid)
+    assert moved.pk == gpu.pk and moved.node_id == new.pk and moved.present
+    assert HealthEvent.objects.filter(gpu=moved, kind="cordon").exists()  # its history came along
+    assert HealthEvent.objects.filter(node=new, gpu=moved, kind="gpu_moved").exists()
+    assert HealthEvent.objects.filter(node=old, kind="gpu_moved").exists()
+    assert not old.gpus.exists()
+
+
+@pytest.mark.parametrize("same_provider, old_status", [
+    (True, Node.Status.ONLINE),     # both servers up: one GPU cannot be in two of them
+    (True, Node.Status.DRAINING),
+    (False, Node.Status.OFFLINE),   # another provider's GPU is never taken over by a hello
+])
+def test_a_gpu_held_by_a_live_node_or_another_providers_node_is_still_refused(same_provider, old_status):
+    old, _ = node_with_token()
+    new, _ = node_with_token(provider=old.provider if same_provider else None)
+    node_services.node_hello(node_id=old.pk, frame=hello_from(sim_backend("l4:1", hostname="gpu-box", seed=12)))
+    Node.objects.filter(pk=old.pk).update(status=old_status)
+    with pytest.raises(DomainError) as err:
+        node_services.node_hello(node_id=new.pk, frame=hello_from(sim_backend("l4:1", hostname="gpu-box", seed=12)))
+    assert err.value.status == 403
+    assert Gpu.objects.get().node_id == old.pk and not new.gpus.exists()
+
+
+def test_an_operator_releases_a_gpu_uuid_from_a_dead_node_so_another_node_can_claim_it(client):
+    old, _ = node_with_token()
+    node_services.node_hello(node_id=old.pk, frame=hello_from(sim_backend("l4:1", hostname="gpu-box", seed=13)))
+    gpu = old.gpus.get()
+    staff = UserFactory(username="fleet-op", is_staff=True, is_superuser=True)
+    client.force_login(staff)
+    r = client.post("/admin/scheduler/gpu/", {"action": "release", "_selected_action": [str(gpu.pk)]})
+    assert r.status_code == 302
+    assert Gpu.objects.get(pk=gpu.pk).uuid == gpu.uuid  # its node is online: refused
+    _offline(old)
+    client.post("/admin/scheduler/gpu/", {"action": "release", "_selected_action": [str(gpu.pk)]})
+    released = Gpu.objects.get(pk=gpu.pk)
+    assert released.uuid != gpu.uuid and not released.present and released.node_id == old.pk
+    assert HealthEvent.objects.filter(gpu=released, kind="released").exists()
+    other, _ = node_with_token()  # e.g. the server was sold to another provider
+    node_services.node_hello(node_id=other.pk, frame=hello_from(sim_backend("l4:1", hostname="gpu-box", seed=13)))
+    assert Gpu.objects.get(uuid=gpu.uuid).node_id == other.pk
