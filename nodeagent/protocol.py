@@ -10,6 +10,11 @@ server -> agent: welcome, command, error
 from __future__ import annotations
 
 import json
+
+try:  # a C parser where installed (the server pins it); the standard one otherwise (agents need nothing)
+    from orjson import loads as _loads
+except ImportError:  # pragma: no cover - exercised on agents without orjson
+    _loads = json.loads
 import math
 from typing import Any
 
@@ -73,7 +78,7 @@ def decode(text: str | bytes) -> dict:
     elif len(text) > MAX_FRAME_BYTES:
         raise ProtocolError("frame too large")
     try:
-        frame = json.loads(text)
+        frame = _loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"not JSON: {exc}") from None
     if not isinstance(frame, dict):
@@ -216,6 +221,33 @@ METRIC_FIELDS = ("util", "mem_used_mib", "mem_total_mib", "temp_c", "power_w", "
                  "ecc_sbe", "ecc_dbe")
 
 
+# (reading, lowest, highest) of a metrics sample; "unbounded" readings get a finite ceiling here so that
+# infinities fall to the explaining checks below.
+_READINGS = (("util", 0, 100), ("mem_used_mib", 0, 1e15), ("mem_total_mib", 0, 1e15), ("temp_c", -50, 200),
+             ("power_w", 0, 5000), ("sm_clock_mhz", 0, 10000))
+
+
+def _sample_ok(g) -> bool:
+    """True if a metrics sample is plainly valid. It accepts nothing the checks of validate_metrics would
+    refuse; False only means "look closer" (those checks then raise with the reason, or accept)."""
+    if type(g) is not dict or type(g.get("uuid")) is not str:
+        return False
+    for key, lo, hi in _READINGS:
+        v = g.get(key)
+        if v is None:
+            continue
+        if (type(v) is not float and type(v) is not int) or not lo <= v <= hi:  # NaN fails the range
+            return False
+    for key in ("ecc_sbe", "ecc_dbe"):
+        v = g.get(key)
+        if v is not None and (type(v) is not int or not 0 <= v <= MAX_COUNTER):
+            return False
+    xid = g.get("xid")
+    if xid and (type(xid) is not list or any(type(x) is not int for x in xid)):
+        return False
+    return True
+
+
 def validate_metrics(frame: dict) -> dict:
     """Check a metrics batch: `gpus` is a list of {uuid, util, mem_used_mib, ..., xid: [codes]}; every
     reading may be null where the GPU cannot report it."""
@@ -226,6 +258,11 @@ def validate_metrics(frame: dict) -> dict:
         raise ProtocolError(f"metrics: more than {MAX_GPUS_PER_NODE} GPUs")
     seen: set[str] = set()
     for i, g in enumerate(gpus):
+        if _sample_ok(g):  # the common case, checked without building messages
+            if g["uuid"] in seen:
+                raise ProtocolError(f"metrics.gpus[{i}]: uuid repeated in one batch")
+            seen.add(g["uuid"])
+            continue
         gw = f"metrics.gpus[{i}]"
         if not isinstance(g, dict):
             raise ProtocolError(f"{gw}: must be an object")

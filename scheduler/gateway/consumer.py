@@ -23,7 +23,7 @@ from scheduler.services import health as health_services
 from scheduler.services import nodes as node_services
 from scheduler.services.events import agent_group, node_group
 
-from .base import LoopConsumer
+from .base import LoopConsumer, dumps
 from .ingest import INGEST
 from .limits import DropWindow, TokenBucket
 from .relay import RELAY
@@ -172,28 +172,37 @@ class AgentConsumer(LoopConsumer):
             samples.append((gpu_id, sample))
         INGEST.add(node_id=self.node_id, ts=now, samples=samples)
         # Encoded once here rather than deep-copied by the layer and re-encoded by every subscriber.
-        text = json.dumps({"type": "metrics", "node": self.node_key, "ts": now, "sent": frame["ts"],
-                           "gpus": frame["gpus"]}, separators=(",", ":"))
+        text = dumps({"type": "metrics", "node": self.node_key, "ts": now, "sent": frame["ts"],
+                      "gpus": frame["gpus"]})
         await self.channel_layer.group_send(self.console_group, {"type": "node.metrics", "node": self.node_key,
                                                                  "text": text})
         for sample in frame["gpus"]:
-            await self._check_health(sample)
+            reasons = self._health(sample)
+            if reasons and sample["uuid"] not in self.cordoned:
+                self.cordoned.add(sample["uuid"])
+                await database_sync_to_async(health_services.gpu_cordon)(gpu_id=self.gpu_ids[sample["uuid"]],
+                                                                         reason="; ".join(reasons))
 
-    async def _check_health(self, sample: dict) -> None:
-        uuid = sample["uuid"]
+    def _health(self, sample: dict) -> list[str]:
+        """Why this sample cordons its GPU (health_services.sample_violations), keeping the per-GPU ECC
+        baseline and power streak. A sample with nothing near a threshold (nearly all) is answered without
+        building the reasons: the same answer, [], at a fraction of the cost on the metrics path."""
+        uuid, t = sample["uuid"], self.thresholds
         tdp_w = self.tdp_w.get(uuid)
         streak = self.power_streak.get(uuid, 0)
-        reasons = health_services.sample_violations(sample, self.thresholds, previous_dbe=self.last_dbe.get(uuid),
-                                                    tdp_w=tdp_w, samples_over_power=streak)
-        if sample.get("ecc_dbe") is not None:
-            self.last_dbe[uuid] = sample["ecc_dbe"]
+        over_power = health_services.power_over_limit(sample, t, tdp_w=tdp_w)
+        temp, dbe = sample.get("temp_c"), sample.get("ecc_dbe")
+        if ((temp is None or temp < t.max_temperature_c) and not over_power and not sample.get("xid")
+                and (dbe is None or dbe <= t.max_ecc_dbe)):
+            reasons = []
+        else:
+            reasons = health_services.sample_violations(sample, t, previous_dbe=self.last_dbe.get(uuid),
+                                                        tdp_w=tdp_w, samples_over_power=streak)
+        if dbe is not None:
+            self.last_dbe[uuid] = dbe
         if tdp_w is not None:
-            self.power_streak[uuid] = streak + 1 if health_services.power_over_limit(
-                sample, self.thresholds, tdp_w=tdp_w) else 0
-        if reasons and uuid not in self.cordoned:
-            self.cordoned.add(uuid)
-            await database_sync_to_async(health_services.gpu_cordon)(gpu_id=self.gpu_ids[uuid],
-                                                                     reason="; ".join(reasons))
+            self.power_streak[uuid] = streak + 1 if over_power else 0
+        return reasons
 
     # --- messages from the channel layer ------------------------------------------------------------
     async def agent_command(self, message: dict) -> None:
