@@ -96,6 +96,10 @@ def on_slice_failed(*, sl: Slice, at: datetime, reason: str) -> None:
         return
     lease.state, lease.ended_at, lease.end_reason = Lease.State.FAILED, at, "provisioning failed"
     lease.save(update_fields=["state", "ended_at", "end_reason"])
+    if lease.reservation_id is not None:
+        from .reservations import reservation_lost
+
+        reservation_lost(reservation_id=lease.reservation_id)
     for txn in LedgerTransaction.objects.filter(lease_id=lease.pk, kind="usage"):
         if ledger.refundable(original=txn)[1] > 0:  # what an operator refunded already is not given twice
             ledger.refund(original=txn, idempotency_key=f"refund:{txn.pk}",
@@ -160,14 +164,19 @@ def lease_end(*, lease_id, reason: str = "ended by the buyer", buyer=None, at: d
 
 
 def leases_node_offline(*, node_id, at: datetime) -> None:
-    """node_offline: the node's open leases end at `at` (spot ones count as interrupted without notice)."""
+    """node_offline: the node's open leases end at `at` (spot ones count as interrupted without notice; a
+    reserved window goes back to booked, to be re-placed for the rest of its span)."""
     from .spot import spot_interrupt
 
     for lease_id, mode in Lease.objects.filter(slice__gpu__node_id=node_id, state__in=Lease.OPEN_STATES).values_list(
             "id", "mode"):
         if mode == Mode.SPOT:
             spot_interrupt(lease_id=lease_id, kind="node_offline", deadline=at, now=at)
-        lease_end(lease_id=lease_id, reason="node offline", at=at)
+        lease = lease_end(lease_id=lease_id, reason="node offline", at=at)
+        if lease.reservation_id is not None and lease.end_reason == "node offline":
+            from .reservations import reservation_lost
+
+            reservation_lost(reservation_id=lease.reservation_id)
 
 
 def leases_tick(*, now: datetime | None = None) -> int:

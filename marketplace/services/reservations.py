@@ -17,7 +17,8 @@ from marketplace.models import LedgerTransaction, Lease, Mode, Order, Reservatio
 from marketplace.services import ledger
 from scheduler.core.model import Request
 from scheduler.errors import Conflict, DomainError
-from scheduler.models import Gpu, Slice
+from scheduler.core import mig as core_mig
+from scheduler.models import Gpu, Node, Slice
 from scheduler.services import allocation
 from scheduler.services.slices import slice_create
 
@@ -117,23 +118,102 @@ def _clear_spot(now: datetime) -> None:
                                deadline=max(now, r.starts_at - clear))
 
 
+# Why a reserved window's lease can be lost through no fault of its holder: the window is re-placed for the
+# rest of its span and the time it was not delivered is refunded pro rata (_finish).
+LOST_REASONS = ("node offline", "provisioning failed")
+
+
+def reservation_lost(*, reservation_id) -> None:
+    """Its lease was lost mid-window (failed provision, node offline): back to booked, so the beat re-places it
+    for the rest of the window (called inside the transaction that ended the lease)."""
+    Reservation.objects.filter(pk=reservation_id, state=Reservation.State.ACTIVE).update(state=Reservation.State.BOOKED)
+
+
 def _start(reservation_id, now: datetime) -> None:
     from .leases import lease_open
 
     try:
         with transaction.atomic():
             # Lock the reservation: the race is a second beat worker starting it too, or a resale splitting it.
-            r = (Reservation.objects.select_for_update(skip_locked=True, of=("self",)).select_related("holder", "order")
+            r = (Reservation.objects.select_for_update(skip_locked=True, of=("self",))
+                 .select_related("holder", "order", "gpu__node", "gpu__gpu_model")
                  .filter(pk=reservation_id, state=Reservation.State.BOOKED).first())
-            if r is None or r.leases.filter(state__in=Lease.OPEN_STATES).exists():
+            # A lost lease still being destroyed (its node offline) does not hold the window back.
+            if r is None or r.leases.filter(state__in=Lease.OPEN_STATES).exclude(end_reason__in=LOST_REASONS).exists():
                 return
-            sl = slice_create(gpu_id=r.gpu_id, profile=r.profile or None, start=r.slot_start if r.profile else None)
+            last = r.leases.order_by("-created_at").first()
+            failed_here = last is not None and last.state == Lease.State.FAILED and last.slice.gpu_id == r.gpu_id
+            sl = None
+            if failed_here:  # carving failed on this GPU: try another slice of the unit before this one again
+                sl = _relocate(r, now)
+            if sl is None:
+                try:
+                    with transaction.atomic():
+                        sl = slice_create(gpu_id=r.gpu_id, profile=r.profile or None,
+                                          start=r.slot_start if r.profile else None)
+                except DomainError:
+                    if not failed_here:
+                        sl = _relocate(r, now)
+            if sl is None:
+                return  # slots still held by a leaving lease, node offline, nothing else free: the next tick
             lease_open(order=r.order, buyer=r.holder, sl=sl, mode=Mode.RESERVED, price_per_hour=Decimal("0"),
                        ends_at=r.ends_at, reservation=r, now=now)
             r.state = Reservation.State.ACTIVE
             r.save(update_fields=["state"])
     except DomainError:
-        return  # slots still held by a leaving lease, node offline: the next tick tries again
+        return
+
+
+def _relocate(r: Reservation, now: datetime) -> Slice | None:
+    """Another legal slice of the same unit (GPU model, profile, region) on an online node, free of other
+    reservations for the window: the reservation moves there. None when there is none."""
+    old = r.gpu
+    size = r.slot_end - r.slot_start
+    candidates = (Gpu.objects.filter(gpu_model_id=old.gpu_model_id, node__region=old.node.region,
+                                     node__status=Node.Status.ONLINE, present=True, mig_enabled=old.mig_enabled)
+                  .exclude(pk=old.pk).order_by("pk"))
+    for gpu in candidates:
+        geometry = gpu.geometry()
+        if r.profile and geometry is not None:
+            if not geometry.has_profile(r.profile):
+                continue
+            starts = core_mig.legal_starts(geometry, [], r.profile)
+        elif r.profile or geometry is not None:
+            continue  # a MIG profile needs a MIG GPU, and a whole non-MIG GPU another non-MIG one
+        else:
+            starts = [0]
+        for start in starts:
+            try:
+                with transaction.atomic():
+                    # Lock the GPU: the race is a booking or a claim on these slots while the window moves here.
+                    Gpu.objects.select_for_update().get(pk=gpu.pk)
+                    if capacity.overlapping_reservations(gpu_id=gpu.pk, slot_start=start, slot_end=start + size,
+                                                         start=r.starts_at, end=r.ends_at, exclude=(r.pk,)).exists():
+                        continue
+                    sl = slice_create(gpu_id=gpu.pk, profile=r.profile or None, start=start if r.profile else None)
+                    Reservation.objects.filter(pk=r.pk).update(gpu=gpu, slot_start=start, slot_end=start + size)
+            except (DomainError, IntegrityError):  # IntegrityError: PostgreSQL's exclusion constraint
+                continue
+            r.gpu, r.slot_start, r.slot_end = gpu, start, start + size
+            return sl
+    return None
+
+
+def undelivered_seconds(r: Reservation) -> float:
+    """Seconds of `r`'s window lost by the platform: from each lost lease's end (or the window's start) until
+    the next lease of the window started (or the window ended). A window no lease ever ran in is all lost."""
+    leases = list(r.leases.order_by("created_at"))
+    window = (r.ends_at - r.starts_at).total_seconds()
+    if not any(lease.started_at for lease in leases):
+        return window
+    lost = 0.0
+    for i, lease in enumerate(leases):
+        if lease.state != Lease.State.FAILED and lease.end_reason not in LOST_REASONS:
+            continue
+        gone = max(lease.ended_at or r.starts_at, r.starts_at)
+        back = next((x.started_at for x in leases[i + 1:] if x.started_at), None) or r.ends_at
+        lost += max(0.0, (min(back, r.ends_at) - gone).total_seconds())
+    return min(lost, window)
 
 
 def _finish(reservation_id, now: datetime) -> None:
@@ -146,16 +226,21 @@ def _finish(reservation_id, now: datetime) -> None:
             return
         for lease_id in r.leases.filter(state__in=Lease.OPEN_STATES).values_list("id", flat=True):
             lease_end(lease_id=lease_id, reason="window over", at=min(now, r.ends_at))
+        lost = undelivered_seconds(r)
         delivered = r.leases.filter(started_at__isnull=False).exists()
         r.state = Reservation.State.DONE if delivered else Reservation.State.REFUNDED
         r.save(update_fields=["state"])
-        if not delivered and r.price_total > 0:
-            _refund_undelivered(r)
+        if lost > 0 and r.price_total > 0:
+            window = Decimal(str((r.ends_at - r.starts_at).total_seconds()))
+            amount = min(r.price_total, capacity.cents(r.price_total * Decimal(str(lost)) / window))
+            if amount > 0:
+                _refund_undelivered(r, amount=amount, seconds=lost)
 
 
-def _refund_undelivered(r: Reservation) -> None:
-    """The platform never delivered the window (node offline throughout): the holder gets its price back,
-    from the provider where the booking charge can be reversed, else as a platform credit."""
+def _refund_undelivered(r: Reservation, *, amount: Decimal, seconds: float) -> None:
+    """The platform did not deliver `seconds` of the window (node offline, failed provision): the holder gets
+    `amount` back once (one idempotency key per reservation), from the provider where the booking charge can
+    be reversed, else as a platform credit."""
     # Walk up to the piece that was paid for: the original booking (its holder's charge is reversed), or
     # a window bought on resale (then the price is credited). Walking past a bought piece to the first
     # booking would refund the first seller for a window that a later buyer paid for.
@@ -164,9 +249,9 @@ def _refund_undelivered(r: Reservation) -> None:
         root = root.parent
     original = LedgerTransaction.objects.filter(idempotency_key=f"reservation:{root.pk}").first()
     key = f"reservation-refund:{r.pk}"
+    memo = (f"reservation {str(r.pk)[:8]} was not delivered" if seconds >= (r.ends_at - r.starts_at).total_seconds()
+            else f"reservation {str(r.pk)[:8]}: {seconds:.0f} s of its window were not delivered")
     if original is not None and not hasattr(root, "bought_from"):
-        ledger.refund(original=original, idempotency_key=key, amount=r.price_total,
-                      memo=f"reservation {str(r.pk)[:8]} was not delivered")
+        ledger.refund(original=original, idempotency_key=key, amount=amount, memo=memo)
     else:
-        ledger.credit(user=r.holder, amount=r.price_total, idempotency_key=key,
-                      memo=f"reservation {str(r.pk)[:8]} was not delivered")
+        ledger.credit(user=r.holder, amount=amount, idempotency_key=key, memo=memo)

@@ -8,7 +8,8 @@ import pytest
 from django.utils import timezone
 
 from marketplace.models import Interruption, Lease, Order, Reservation, ResaleListing, SpotPrice, UsageRecord
-from marketplace.services import ledger, leases, metering, orders, resale, reservations, spot
+from marketplace.models import LedgerTransaction
+from marketplace.services import capacity, ledger, leases, metering, orders, resale, reservations, spot
 from marketplace.services.orders import OrderSpec
 from scheduler.errors import Conflict, DomainError
 from scheduler.models import AgentCommand, Slice
@@ -444,3 +445,64 @@ def test_a_spot_bid_on_a_unit_no_gpu_in_the_catalog_can_serve_is_refused(fleet):
         orders.order_place(buyer=buyer, spec=OrderSpec(mode="spot", gpu_models=["h100-80gb"],
                                                         max_price_per_hour=Decimal("100000"), if_unavailable="queue"))
     assert not Order.objects.exists()
+
+
+def _book_a100_window(fleet, holder, t0):
+    orders.order_place(buyer=holder, now=t0, spec=OrderSpec(
+        mode="reserved", gpu_models=["a100-80gb"], memory_gb=10, window_start=t0 + timedelta(hours=2),
+        window_end=t0 + timedelta(hours=4)))
+    return Reservation.objects.get(holder=holder)
+
+
+def test_a_reserved_window_whose_node_goes_offline_moves_to_another_gpu_of_the_unit_and_refunds_the_gap_once(fleet):
+    a = fleet.node("a100-80gb:1", price="2.00")
+    b = fleet.node("a100-80gb:1", price="2.00")
+    holder = UserFactory()
+    top_up(holder, "100")
+    t0 = timezone.now()
+    r = _book_a100_window(fleet, holder, t0)
+    first_gpu = r.gpu_id
+    reservations.reservations_tick(now=t0 + timedelta(hours=2))
+    first = Lease.objects.get(reservation=r)
+    leases.on_slice_ready(sl=first.slice, at=t0 + timedelta(hours=2))
+    # The node of the window's GPU goes offline half an hour in.
+    lost = next(n for n in (a, b) if n.gpus.filter(pk=first_gpu).exists())
+    type(lost).objects.filter(pk=lost.pk).update(status="offline")
+    leases.leases_node_offline(node_id=lost.pk, at=t0 + timedelta(hours=2, minutes=30))
+    r.refresh_from_db()
+    assert r.state == Reservation.State.BOOKED
+    reservations.reservations_tick(now=t0 + timedelta(hours=2, minutes=40))
+    r.refresh_from_db()
+    again = Lease.objects.filter(reservation=r).exclude(pk=first.pk).get()
+    assert r.state == Reservation.State.ACTIVE and r.gpu_id != first_gpu and again.slice.gpu_id == r.gpu_id
+    leases.on_slice_ready(sl=again.slice, at=t0 + timedelta(hours=2, minutes=40))
+    before = wallet(holder)
+    reservations.reservations_tick(now=t0 + timedelta(hours=4))
+    reservations.reservations_tick(now=t0 + timedelta(hours=4, seconds=5))
+    r.refresh_from_db()
+    assert r.state == Reservation.State.DONE
+    # Ten minutes of a two-hour window were not delivered: a twelfth of its price, once.
+    assert wallet(holder) - before == capacity.cents(r.price_total / 12)
+    assert LedgerTransaction.objects.filter(idempotency_key=f"reservation-refund:{r.pk}").count() == 1
+    assert ledger.ledger_check() == []
+
+
+def test_a_reserved_window_whose_provision_fails_is_placed_again_on_its_gpu_and_the_wait_is_refunded(fleet):
+    fleet.node("a100-80gb:1", price="2.00")
+    holder = UserFactory()
+    top_up(holder, "100")
+    t0 = timezone.now()
+    r = _book_a100_window(fleet, holder, t0)
+    reservations.reservations_tick(now=t0 + timedelta(hours=2))
+    fleet.play(fail_creates=True)
+    r.refresh_from_db()
+    assert r.state == Reservation.State.BOOKED and Lease.objects.get(reservation=r).state == Lease.State.FAILED
+    reservations.reservations_tick(now=t0 + timedelta(hours=2, minutes=6))  # the GPU is fine again
+    again = Lease.objects.get(reservation=r, state=Lease.State.PROVISIONING)
+    assert again.slice.gpu_id == r.gpu_id
+    leases.on_slice_ready(sl=again.slice, at=t0 + timedelta(hours=2, minutes=6))
+    before = wallet(holder)
+    reservations.reservations_tick(now=t0 + timedelta(hours=4))
+    # Six minutes of 120 were lost: a twentieth of the price comes back.
+    assert wallet(holder) - before == capacity.cents(r.price_total / 20)
+    assert ledger.ledger_check() == []
