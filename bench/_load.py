@@ -90,6 +90,8 @@ async def main(args) -> dict:
     tasks = []
     for i, node in enumerate(nodes):
         url = f"ws://127.0.0.1:{args.port}/ws/{'echo' if args.mode == 'echo' else 'agent'}/"
+        if args.mode == "echo" and args.interval > 0:
+            url += "?reply=1"  # at a fixed rate the echo comes back, for the latency
         tasks.append(asyncio.create_task(agent(url, node["token"], f"bench-{i}", args.gpus, args.interval, clock,
                                                stats, args.mode == "echo", latencies)))
         if i % 25 == 24:

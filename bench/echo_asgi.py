@@ -1,7 +1,12 @@
-"""The baseline for bench/metrics_ingest.py: a websocket that echoes each frame back through the channel
-layer and nothing else (no validation, no buffering, no fan-out, no database). The same server, layer,
+"""The baseline for bench/metrics_ingest.py: a websocket that passes each frame through the channel layer
+and nothing else (no parsing, validation, buffering, fan-out or database). The same server, layer,
 transport and consumer base (no per-message thread hop) as the gateway, so the gap between the two is what
-the gateway's own work costs."""
+the gateway's own work costs.
+
+Each frame is counted when it comes out of the layer (`GET /count` answers the total), so the ceiling is
+read on the server, as the gateway's is; with `?reply=1` the frame is also sent back, for the latency.
+"""
+import json
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
@@ -16,12 +21,29 @@ from django.urls import path  # noqa: E402
 from scheduler.gateway.base import LoopConsumer  # noqa: E402
 
 
+FRAMES = 0
+
+
 class EchoConsumer(LoopConsumer):
+    async def connect(self):
+        self.reply = b"reply=1" in self.scope.get("query_string", b"")
+        await self.accept()
+
     async def receive(self, text_data=None, bytes_data=None):
         await self.channel_layer.send(self.channel_name, {"type": "echo", "text": text_data})
 
     async def echo(self, message):
-        await self.send(text_data=message["text"])
+        global FRAMES
+        FRAMES += 1
+        if self.reply:
+            await self.send(text_data=message["text"])
 
 
-application = ProtocolTypeRouter({"websocket": URLRouter([path("ws/echo/", EchoConsumer.as_asgi())])})
+async def count(scope, receive, send):
+    body = json.dumps({"frames": FRAMES}).encode()
+    await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"application/json")]})
+    await send({"type": "http.response.body", "body": body})
+
+
+application = ProtocolTypeRouter({"websocket": URLRouter([path("ws/echo/", EchoConsumer.as_asgi())]),
+                                  "http": count})

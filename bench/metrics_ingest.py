@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,6 +32,12 @@ def rollup_samples(db: Path) -> int:
         return con.execute("select coalesce(sum(samples), 0) from scheduler_gpumetricrollup").fetchone()[0]
 
 
+def echo_samples(port: int) -> int:
+    """Frames the echo server has passed through its layer, × 8 GPU samples each."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/count", timeout=30) as resp:
+        return json.loads(resp.read())["frames"] * 8
+
+
 def run_load(stack: LiveStack, port: int, seed_file: Path, mode: str, args, interval: float) -> dict:
     # At saturation nobody watches: the ceiling is what the server ingests, not what a browser could read.
     subscribers = args.subscribers if interval else 0
@@ -40,15 +47,17 @@ def run_load(stack: LiveStack, port: int, seed_file: Path, mode: str, args, inte
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     clock = json.loads(proc.stdout.readline())
     db = stack.tmp / "db.sqlite3"
+
+    def count() -> int:  # what the server took in: rollup samples written, or frames through the echo
+        return echo_samples(port) if mode == "echo" else rollup_samples(db)
     time.sleep(max(0.0, clock["warm"] - time.time()))
-    a, ta = rollup_samples(db), time.time()
+    a, ta = count(), time.time()
     time.sleep(max(0.0, clock["stop"] - time.time()))
-    b, tb = rollup_samples(db), time.time()
+    b, tb = count(), time.time()
     out = json.loads(proc.stdout.readline())
     proc.wait(timeout=60)
     out["ingested_per_s"] = (b - a) / (tb - ta)
     out["offered_per_s"] = args.nodes * 8 / interval if interval else None
-    out["echo_per_s"] = out["echoed"] / (args.seconds + args.warmup) if mode == "echo" else None
     return out
 
 
@@ -69,14 +78,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         stack = LiveStack(tmp, nodes=[(f"bench-{i:04d}", "h100-80gb:8") for i in range(args.nodes)],
-                          celery=False, env={"FLEET_METRICS_FLUSH": "0.5"}, start_agents=False)
+                          celery=False, start_agents=False,
+                          # Keepalive pings answered late by an overloaded load process would close sockets
+                          # mid-measurement; liveness is not what this bench measures.
+                          web_args=("--ws-ping-interval", "86400"),
+                          # The saturation phase sends as fast as the server takes frames: lift the
+                          # per-socket rate limit there, the bench measures ingest, not the limiter.
+                          env={"FLEET_METRICS_FLUSH": "0.5", "FLEET_AGENT_METRICS_RATE": "1000000",
+                               "FLEET_AGENT_METRICS_BURST": "1000000"})
         try:
             stack.start()
             seed_file = tmp / "seed.json"
             seed_file.write_text(json.dumps(stack.seed))
             echo_port = free_port()
             stack._spawn("echo", ["-m", "uvicorn", "bench.echo_asgi:application", "--host", "127.0.0.1", "--port",
-                                  str(echo_port), "--ws", "websockets-sansio", "--log-level", "warning"])
+                                  str(echo_port), "--ws", "websockets-sansio", "--log-level", "warning",
+                                  "--ws-ping-interval", "86400"])
             wait_until(lambda: stack._port_open_at(echo_port), timeout=60, what="the echo server")
             print(f"{args.nodes} agents × 8 GPUs; windows of {args.seconds:g} s after {args.warmup:g} s warm-up; "
                   f"channel layer: {'Redis' if 'REDIS_URL' in stack.env else 'in-memory'}")
@@ -89,10 +106,10 @@ def main() -> None:
     print(f"\n{'':34}{'samples/s':>12}{'p50':>12}{'p99':>12}")
     print(f"{'gateway at 1 Hz (offered ' + str(int(rated['offered_per_s'])) + '/s)':34}"
           f"{rated['ingested_per_s']:12.0f}{ms(rated['p50']):>12}{ms(rated['p99']):>12}")
-    print(f"{'raw echo at 1 Hz':34}{echo_rated['echo_per_s']:12.0f}{ms(echo_rated['p50']):>12}{ms(echo_rated['p99']):>12}")
+    print(f"{'raw echo at 1 Hz':34}{echo_rated['ingested_per_s']:12.0f}{ms(echo_rated['p50']):>12}{ms(echo_rated['p99']):>12}")
     print(f"{'gateway, as fast as it takes':34}{sat['ingested_per_s']:12.0f}{ms(sat['p50']):>12}{ms(sat['p99']):>12}")
-    print(f"{'raw echo, as fast as it takes':34}{echo_sat['echo_per_s']:12.0f}{ms(echo_sat['p50']):>12}{ms(echo_sat['p99']):>12}")
-    ratio = sat["ingested_per_s"] / echo_sat["echo_per_s"] if echo_sat["echo_per_s"] else float("nan")
+    print(f"{'raw echo, as fast as it takes':34}{echo_sat['ingested_per_s']:12.0f}{ms(echo_sat['p50']):>12}{ms(echo_sat['p99']):>12}")
+    ratio = sat["ingested_per_s"] / echo_sat["ingested_per_s"] if echo_sat["ingested_per_s"] else float("nan")
     print(f"\ningest ceiling / raw echo ceiling = {ratio:.2f}  (target ≥ 0.50)")
     print(f"sustained at 1 Hz = {rated['ingested_per_s']:.0f} samples/s (target ≥ 4,000 at 500 nodes), "
           f"p99 {ms(rated['p99']).strip()} (target < 1 s)")

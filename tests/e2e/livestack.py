@@ -56,7 +56,7 @@ def wait_until(predicate, *, timeout: float, interval: float = 0.1, what: str = 
 class LiveStack:
     def __init__(self, tmp: Path, *, nodes: list[tuple[str, str]], env: dict | None = None,
                  celery: bool = True, agent_interval: float = 1.0,
-                 start_agents: bool = True):
+                 start_agents: bool = True, web_args: tuple[str, ...] = ()):
         self.tmp = tmp
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -64,6 +64,7 @@ class LiveStack:
         self.celery = celery
         self.agent_interval = agent_interval
         self.start_agents = start_agents
+        self.web_args = tuple(web_args)
         base = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
         self.env = {**base, "DJANGO_SETTINGS_MODULE": "config.settings.dev", "DJANGO_DEBUG": "1",
                     "GPUMARKET_VAR_DIR": str(tmp), "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING",
@@ -89,7 +90,7 @@ class LiveStack:
         out = self._run("manage.py", "shell", "-c", SEED % json.dumps(self.spec))
         self.seed = json.loads(out[out.index("SEED") + 4:])
         self._spawn("web", ["-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port",
-                            str(self.port), "--ws", "websockets-sansio", "--log-level", "warning"])
+                            str(self.port), "--ws", "websockets-sansio", "--log-level", "warning", *self.web_args])
         wait_until(lambda: self._port_open(), timeout=60, what="the web server")
         if self.celery:
             self._spawn("worker", ["-m", "celery", "-A", "config", "worker", "--pool", "solo", "--without-mingle",
