@@ -21,6 +21,16 @@ class ApiKeyForm(forms.Form):
     name = forms.CharField(label="Key name", max_length=80, help_text="What uses it, e.g. ci-runner.")
 
 
+class NotificationSettingsForm(forms.Form):
+    webhook_url = forms.URLField(label="Webhook URL", max_length=300, required=False, assume_scheme="https",
+                                 help_text="Market events are POSTed here as JSON (an order's own webhook wins). "
+                                           "http(s) to a public address only.")
+    interruption = forms.BooleanField(label="Spot interruption notices", required=False)
+    lease_ended = forms.BooleanField(label="Lease ended", required=False)
+    lease_failed = forms.BooleanField(label="Lease failed to start", required=False)
+    balance_low = forms.BooleanField(label="Low balance", required=False)
+
+
 class ProjectForm(forms.Form):
     name = forms.CharField(label="Project name", max_length=80)
     description = forms.CharField(max_length=400, required=False)
@@ -93,11 +103,18 @@ class OrderForm(forms.Form):
                                        initial="fail", required=False)
     webhook_url = forms.URLField(label="Notification webhook (optional)", max_length=300, required=False,
                                  assume_scheme="https",
-                                 help_text="Interruption notices are POSTed here as JSON, besides this console.")
+                                 help_text="This order's notices are POSTed here as JSON instead of your account's "
+                                           "webhook (Account page).")
+    project = forms.ChoiceField(label="Project", required=False,
+                                help_text="Its usage and charges are grouped under this project on statements.")
 
-    def __init__(self, *args, **kwargs):
+    def __init__(self, *args, user=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["gpu_model"].choices = model_choices()
+        from marketplace.models import Project
+
+        projects = Project.objects.filter(user=user).order_by("name") if user is not None else []
+        self.fields["project"].choices = [("", "no project")] + [(str(p.pk), p.name) for p in projects]
 
     def clean(self):
         data = super().clean()

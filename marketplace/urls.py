@@ -34,6 +34,7 @@ urlpatterns = [
     path("nodes/<uuid:node_id>/drain/", views.node_drain, name="node-drain"),
     # account
     path("account/", views.account, name="account"),
+    path("account/notifications/", views.notifications_save, name="notifications"),
     path("account/keys/", views.api_key_create, name="api-key-create"),
     path("account/keys/<uuid:key_id>/revoke/", views.api_key_revoke, name="api-key-revoke"),
     path("account/projects/", views.project_create, name="project-create"),

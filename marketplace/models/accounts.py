@@ -20,3 +20,25 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+
+class NotificationSettings(models.Model):
+    """A user's account-level notifications: one webhook URL for market events, and which kinds are sent.
+    An order's own webhook URL wins over it for that order's leases."""
+
+    KINDS = ("interruption", "lease_ended", "lease_failed", "balance_low")
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, related_name="notification_settings",
+                                on_delete=models.CASCADE)
+    webhook_url = models.URLField(max_length=300, blank=True, help_text="market events are POSTed here as JSON")
+    interruption = models.BooleanField(default=True, help_text="spot interruption notices")
+    lease_ended = models.BooleanField(default=True)
+    lease_failed = models.BooleanField(default=True)
+    balance_low = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"notifications of {self.user_id}"
+
+    def wants(self, kind: str) -> bool:
+        return kind in self.KINDS and bool(getattr(self, kind))

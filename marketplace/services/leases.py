@@ -21,7 +21,7 @@ from scheduler.services.slices import slice_destroy
 
 from . import capacity
 from .metering import billing_start, meter_settle
-from .notify import tell_buyer
+from .notify import notify_webhook, tell_buyer
 
 
 def connection_facts(lease: Lease) -> dict | None:
@@ -111,7 +111,9 @@ def on_slice_failed(*, sl: Slice, at: datetime, reason: str) -> None:
         order.state = Order.State.QUEUED if requeue else Order.State.FAILED
         order.explain = f"provisioning failed: {reason}"[:500]
         order.save(update_fields=["state", "explain"])
-    tell_buyer(lease.buyer_id, _event(lease, "lease_failed", reason=reason))
+    event = _event(lease, "lease_failed", reason=reason)
+    tell_buyer(lease.buyer_id, event)
+    notify_webhook(user_id=lease.buyer_id, kind="lease_failed", payload=event, order_webhook=_order_webhook(lease))
 
 
 def on_slice_destroyed(*, sl: Slice, at: datetime) -> None:
@@ -123,7 +125,16 @@ def on_slice_destroyed(*, sl: Slice, at: datetime) -> None:
     lease.ended_at = lease.ended_at or at
     lease.end_reason = lease.end_reason or "instance destroyed"
     lease.save(update_fields=["state", "ended_at", "end_reason"])
-    tell_buyer(lease.buyer_id, _event(lease, "lease_ended", reason=lease.end_reason))
+    event = _event(lease, "lease_ended", reason=lease.end_reason)
+    tell_buyer(lease.buyer_id, event)
+    notify_webhook(user_id=lease.buyer_id, kind="lease_ended", payload=event, order_webhook=_order_webhook(lease))
+
+
+def _order_webhook(lease: Lease) -> str:
+    """The order's own webhook URL (it wins over the account's for that order's leases)."""
+    if lease.order_id is None:
+        return ""
+    return Order.objects.filter(pk=lease.order_id).values_list("webhook_url", flat=True).first() or ""
 
 
 def _stop(lease: Lease, *, reason: str, at: datetime) -> None:

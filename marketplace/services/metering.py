@@ -19,7 +19,7 @@ from marketplace.models import Lease, UsageRecord
 from marketplace.services import ledger
 
 from .capacity import MICRO, market, micro
-from .notify import tell_buyer
+from .notify import notify_webhook, tell_buyer
 
 log = logging.getLogger(__name__)
 EIGHT = Decimal("0.00000001")
@@ -163,9 +163,11 @@ def balance_guard(*, buyer_id, now: datetime) -> str:
         if any(w is None or w < recent for _, _, w in running):
             with transaction.atomic():
                 Lease.objects.filter(pk__in=[i for i, _, _ in running]).update(warned_at=now)
-                tell_buyer(buyer_id, {"type": "balance_low", "balance": str(balance), "burn_per_hour": str(burn),
-                                      "seconds_left": int(seconds_left),
-                                      "stops_in": int(seconds_left - market("BALANCE_STOP_SECONDS"))})
+                event = {"type": "balance_low", "balance": str(balance), "burn_per_hour": str(burn),
+                         "seconds_left": int(seconds_left),
+                         "stops_in": int(seconds_left - market("BALANCE_STOP_SECONDS"))}
+                tell_buyer(buyer_id, event)
+                notify_webhook(user_id=buyer_id, kind="balance_low", payload=event)
         return "warned"
     return "ok"
 

@@ -29,8 +29,25 @@ def webhook_later(url: str, payload: dict) -> None:
     transaction.on_commit(lambda: deliver_webhook.delay(url, payload))
 
 
+def notify_webhook(*, user_id, kind: str, payload: dict, order_webhook: str = "") -> None:
+    """POST a market event of `kind` after commit to the order's own webhook, else the account's (if on)."""
+    from .notifications import webhook_for
+
+    webhook_later(webhook_for(user_id=user_id, kind=kind, order_webhook=order_webhook), payload)
+
+
 def webhook_post(*, url: str, payload: dict, timeout: float | None = None) -> bool:
-    """One POST with a short timeout; failures are logged, never raised (the socket and agent still know)."""
+    """One POST with a short timeout; failures are logged, never raised (the socket and agent still know).
+    The host's addresses are checked again here: a name may resolve to a private address (SSRF)."""
+    from scheduler.errors import DomainError
+
+    from .notifications import webhook_url_check
+
+    try:
+        webhook_url_check(url, resolve=True)
+    except DomainError as exc:
+        log.warning("webhook %s refused: %s", url, exc.message)
+        return False
     body = json.dumps(payload).encode()
     req = urllib.request.Request(url, data=body, method="POST",
                                  headers={"Content-Type": "application/json", "User-Agent": "gpumarket-webhook/1"})

@@ -83,6 +83,10 @@ def _check(spec: OrderSpec, now: datetime) -> None:
             raise DomainError("the window is too long", field="window_end")
     elif spec.window_start or spec.window_end:
         raise DomainError("only reserved orders take a window", field="window_start")
+    if spec.webhook_url:
+        from .notifications import webhook_url_check
+
+        webhook_url_check(spec.webhook_url)
     if spec.mode == Mode.SPOT and not spec.max_price_per_hour:
         raise DomainError("a spot order needs a bid: max_price_per_hour > 0", field="max_price_per_hour")
     if spec.mode == Mode.RESALE and not spec.listing_id:

@@ -22,7 +22,7 @@ from scheduler.services.commands import command_issue
 
 from .capacity import cents, lease_classifier, market, on_demand_price, spot_factor_now, spot_price
 from .metering import meter_settle
-from .notify import tell_buyer, webhook_later
+from .notify import notify_webhook, tell_buyer
 
 
 def spot_factor_for(*, model: str) -> Decimal:
@@ -99,7 +99,8 @@ def spot_interrupt(*, lease_id, kind: str, now: datetime | None = None, deadline
                    "notice_seconds": round(given, 3), "instance_uuid": sl.instance_uuid or gpu.uuid,
                    "credited": str(intr.credited)}
         tell_buyer(lease.buyer_id, payload)
-        webhook_later(lease.order.webhook_url if lease.order else "", payload)
+        notify_webhook(user_id=lease.buyer_id, kind="interruption", payload=payload,
+                       order_webhook=lease.order.webhook_url if lease.order else "")
         if gpu.node.status == Node.Status.ONLINE:
             command_issue(node=gpu.node, op="notice", args={"kind": f"spot_interruption:{kind}",
                                                             "deadline": deadline.isoformat(),

@@ -1,4 +1,4 @@
-"""Account pages: API keys (created, shown once, revoked) and projects."""
+"""Account pages: API keys (created, shown once, revoked), projects and notification settings."""
 from __future__ import annotations
 
 from django.contrib import messages
@@ -7,15 +7,23 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from marketplace.models import ApiKey, Project
-from marketplace.services import apikeys, projects
+from marketplace.services import apikeys, notifications, projects
 from scheduler.errors import DomainError
 
-from ..forms import ApiKeyForm, ProjectForm
+from ..forms import ApiKeyForm, NotificationSettingsForm, ProjectForm
 from .common import add_domain_error, mark_invalid
 
 
-def _page(request, *, key_form=None, project_form=None, secret=None, new_key=None, status=200):
+def _notification_form(user) -> NotificationSettingsForm:
+    row = notifications.notification_settings_for(user=user)
+    return NotificationSettingsForm(prefix="notify", initial={
+        "webhook_url": row.webhook_url, **{kind: getattr(row, kind) for kind in row.KINDS}})
+
+
+def _page(request, *, key_form=None, project_form=None, notification_form=None, secret=None, new_key=None,
+          status=200):
     return render(request, "console/account.html", {
+        "notification_form": notification_form or _notification_form(request.user),
         "keys": ApiKey.objects.filter(user=request.user).order_by("-created_at"),
         "projects": Project.objects.filter(user=request.user).order_by("name"),
         "key_form": key_form or ApiKeyForm(), "project_form": project_form or ProjectForm(prefix="project"),
@@ -85,3 +93,19 @@ def project_delete(request, project_id):
     else:
         messages.success(request, f"Project “{project.name}” deleted.")
     return redirect("console:account")
+
+
+@login_required
+@require_POST
+def notifications_save(request):
+    form = NotificationSettingsForm(request.POST, prefix="notify")
+    if form.is_valid():
+        try:
+            notifications.notification_settings_update(user=request.user, **form.cleaned_data)
+        except DomainError as exc:
+            add_domain_error(form, exc)
+        else:
+            messages.success(request, "Notification settings saved.")
+            return redirect("console:account")
+    mark_invalid(form)
+    return _page(request, notification_form=form, status=400)

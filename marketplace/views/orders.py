@@ -161,7 +161,7 @@ def _spec(form: OrderForm) -> order_services.OrderSpec:
         window_end=d.get("window_end") if mode == Mode.RESERVED else None,
         max_price_per_hour=d.get("max_price_per_hour"), if_unavailable=d.get("if_unavailable") or "fail",
         webhook_url=d.get("webhook_url") or "",
-        listing_id=d.get("listing") if mode == Mode.RESALE else None)
+        listing_id=d.get("listing") if mode == Mode.RESALE else None, project_id=d.get("project") or None)
 
 
 def _context(request, form: OrderForm, *, priced: OrderForm | None = None) -> dict:
@@ -181,7 +181,7 @@ def _context(request, form: OrderForm, *, priced: OrderForm | None = None) -> di
 @login_required
 def order(request):
     if request.method == "POST":
-        form = OrderForm(request.POST)
+        form = OrderForm(request.POST, user=request.user)
         if form.is_valid():
             try:
                 placed = order_services.order_place(buyer=request.user, spec=_spec(form))
@@ -196,7 +196,8 @@ def order(request):
     defaults = {"mode": "on_demand", "memory_gb": "10", "compute_slices": "1", "duration_hours": "1",
                 "if_unavailable": "fail"}
     return render(request, "console/order.html",
-                  _context(request, OrderForm(initial=initial), priced=OrderForm({**defaults, **request.GET.dict()})))
+                  _context(request, OrderForm(initial=initial, user=request.user),
+                           priced=OrderForm({**defaults, **request.GET.dict()}, user=request.user)))
 
 
 def _after_order(request, placed):
@@ -214,6 +215,6 @@ def _after_order(request, placed):
 @login_required
 def order_preview(request):
     """The live price preview and (for reserved) the free-window calendar, as an htmx partial."""
-    form = OrderForm(request.GET)
+    form = OrderForm(request.GET, user=request.user)
     form.is_valid()
     return render(request, "console/_order_preview.html", _context(request, form))

@@ -12,7 +12,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from marketplace.models import ApiKey, Lease, Order, Project, Reservation, ResaleListing
+from marketplace.models import ApiKey, Lease, NotificationSettings, Order, Project, Reservation, ResaleListing
 from marketplace.services import apikeys, leases, orders, resale
 from marketplace.services.orders import OrderSpec
 from tests.factories import UserFactory
@@ -390,3 +390,52 @@ def test_operators_revoke_keys_and_withdraw_listings_from_the_admin(client, flee
     client.post("/admin/marketplace/resalelisting/", {"action": "withdraw", "_selected_action": [str(listing.pk)]})
     listing.refresh_from_db()
     assert listing.state == "cancelled"
+
+
+# --- projects on the order form, notification settings on the account page --------------------------------
+
+def test_the_order_form_offers_the_buyers_own_projects_and_the_order_lands_on_the_chosen_one(client, fleet, buyer):
+    fleet.node("h100-80gb:1")
+    top_up(buyer, "50")
+    mine = Project.objects.create(user=buyer, name="vision")
+    theirs = Project.objects.create(user=UserFactory(), name="secret-project")
+    html = client.get("/order/").content.decode()
+    assert 'name="project"' in html and f'value="{mine.pk}">vision' in html and "secret-project" not in html
+    r = client.post("/order/", {"mode": "on_demand", "gpu_model": "h100-80gb", "memory_gb": "10",
+                                "compute_slices": "1", "duration_hours": "1", "if_unavailable": "fail",
+                                "project": str(mine.pk)})
+    assert r.status_code == 302 and Order.objects.get(buyer=buyer).project == mine
+    r = client.post("/order/", {"mode": "on_demand", "gpu_model": "h100-80gb", "memory_gb": "10",
+                                "compute_slices": "1", "duration_hours": "1", "if_unavailable": "fail",
+                                "project": str(theirs.pk)})
+    assert r.status_code == 400 and 'id="id_project_error"' in r.content.decode()
+    assert Order.objects.filter(buyer=buyer).count() == 1
+
+
+def test_notification_settings_are_saved_on_the_account_page(client, buyer):
+    r = client.post("/account/notifications/", {"notify-webhook_url": "https://hooks.example.org/gpu",
+                                                "notify-interruption": "on", "notify-lease_failed": "on"})
+    assert r.status_code == 302
+    row = buyer.notification_settings
+    assert (row.webhook_url, row.interruption, row.lease_ended, row.lease_failed, row.balance_low) == (
+        "https://hooks.example.org/gpu", True, False, True, False)
+    html = client.get("/account/").content.decode()
+    assert 'value="https://hooks.example.org/gpu"' in html
+
+
+@pytest.mark.parametrize("debug, url, ok", [
+    (False, "http://127.0.0.1:8000/hook", False),
+    (True, "http://127.0.0.1:8000/hook", True),
+    (True, "http://10.0.0.1/hook", False),
+    (False, "ftp://example.org/hook", False),
+])
+def test_a_webhook_url_to_this_machine_or_a_private_network_gets_an_error_beside_the_field_and_keeps_the_input(
+        client, buyer, settings, debug, url, ok):
+    settings.DEBUG = debug
+    r = client.post("/account/notifications/", {"notify-webhook_url": url, "notify-interruption": "on"})
+    if ok:
+        assert r.status_code == 302 and buyer.notification_settings.webhook_url == url
+        return
+    html = r.content.decode()
+    assert r.status_code == 400 and 'id="id_notify-webhook_url_error"' in html and f'value="{url}"' in html
+    assert not NotificationSettings.objects.exists()

@@ -147,7 +147,7 @@ def test_a_spot_lease_is_interrupted_with_notice_when_the_price_passes_its_bid(f
     top_up(spotter, "50"), top_up(other, "50")
     spot.spot_prices_recompute()  # factor 0.5: a whole GPU costs 0.9/h on spot
     lease = running_lease(fleet, spotter, mode="spot", whole_gpu=True, max_price_per_hour=Decimal("0.95"),
-                          webhook_url="http://127.0.0.1:9/hook")
+                          webhook_url="https://hooks.example.org/hook")
     assert lease.price_per_hour == Decimal("0.9")
     running_lease(fleet, other, whole_gpu=True)  # the pool fills: the spot price rises to 0.7 x 1.8 = 1.26
     now = timezone.now()
