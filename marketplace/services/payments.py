@@ -191,6 +191,13 @@ def webhook_receive(*, payload: bytes, signature: str | None) -> StripeEvent:
                 # Stripe retry for days; nothing was credited (the savepoint rolled back).
                 log.error("stripe event %s not applied: %s", event.id, getattr(exc, "message", repr(exc)))
                 return stored
+        elif event.type == "charge.refunded":
+            try:
+                apply_charge_refunded(intent_id=obj["payment_intent"], refunded_cents=int(obj["amount_refunded"]),
+                                      currency=obj["currency"], event_id=event.id)
+            except (DomainError, KeyError, TypeError, ValueError) as exc:
+                log.error("stripe event %s not applied: %s", event.id, getattr(exc, "message", repr(exc)))
+                return stored
         elif event.type == "payment_intent.payment_failed":
             error = obj.get("last_payment_error") or {}
             Payment.objects.filter(stripe_payment_intent_id=obj.get("id")).exclude(
@@ -201,6 +208,46 @@ def webhook_receive(*, payload: bytes, signature: str | None) -> StripeEvent:
         StripeEvent.objects.filter(pk=stored.pk).update(processed=True)
         stored.processed = True
     return stored
+
+
+def apply_charge_refunded(*, intent_id: str, refunded_cents: int, currency: str, event_id: str = "") -> Payment:
+    """Reconcile a top-up with Stripe's word on how much of it is refunded in all (`charge.refunded`'s
+    cumulative `amount_refunded`): a refund made outside the app (the dashboard), or one whose database
+    commit failed after Stripe refunded, is mirrored in the ledger once. Idempotent with payment_refund: both
+    work under the payment's row lock and compare against `refunded_amount`, so what the app refunded itself
+    is never taken twice; a redelivered or older event (a smaller total) changes nothing."""
+    if currency != "usd":
+        raise DomainError(f"unexpected currency {currency!r} for {intent_id}")
+    with transaction.atomic():
+        # Lock the payment: the race is the app's own refund of it committing while Stripe's event arrives.
+        payment = Payment.objects.select_for_update().filter(stripe_payment_intent_id=intent_id).first()
+        if payment is None:
+            raise NotFound(f"no payment for PaymentIntent {intent_id}")
+        stripe_total = (Decimal(refunded_cents) / 100).quantize(CENT)
+        if stripe_total > payment.amount:
+            raise DomainError(f"Stripe reports {stripe_total} USD refunded of a {payment.amount} USD top-up")
+        missing = stripe_total - payment.refunded_amount
+        if missing <= 0:
+            return payment
+        wallet = ledger.account_for(user=payment.user, kind="wallet")
+        from_wallet = min(missing, ledger.wallet_balance(user=payment.user))
+        lines = [(ledger.platform_account("stripe_clearing"), missing), (wallet, -from_wallet)]
+        if from_wallet < missing:
+            # The buyer spent it before the card was refunded outside the app: the platform bears the rest.
+            lines.append((ledger.platform_account("promotions"), -(missing - from_wallet)))
+            log.error("refund of %s outside the app: %s USD of it was already spent; the platform bears it",
+                      intent_id, missing - from_wallet)
+        # One key per Stripe total: a second event with the same total finds it (and the row says so anyway).
+        ledger.post(kind="refund", memo=f"refund {missing} USD of Stripe {intent_id} (reconciled from Stripe)",
+                    idempotency_key=f"stripe:refund-seen:{intent_id}:{stripe_total}",
+                    lines=[(a, x) for a, x in lines if x])
+        payment.refunded_amount = stripe_total
+        if payment.refunded_amount == payment.amount:
+            payment.status = Payment.Status.REFUNDED
+        payment.save(update_fields=["refunded_amount", "status", "updated_at"])
+        log.warning("payment %s: %s USD refunded outside the app reconciled (event %s)", payment.pk, missing,
+                    event_id)
+    return payment
 
 
 def payment_refund(*, payment_id, user=None, amount: Decimal | None = None, unspent_only: bool = False) -> Payment:

@@ -309,3 +309,39 @@ def test_distinct_events_for_one_intent_at_once_credit_once(settings):
         t.join(timeout=60)
     assert StripeEvent.objects.count() == 6
     assert ledger.wallet_balance(user=buyer) == D("7") and LedgerTransaction.objects.count() == 1
+
+
+def charge_refunded_event(intent_id: str, event_id: str) -> bytes:
+    """A `charge.refunded` event around the real Charge that localstripe holds for `intent_id` (localstripe
+    does not emit this event itself, so the test signs it with the webhook secret as Stripe would)."""
+    latest = stripe.PaymentIntent.retrieve(intent_id).latest_charge
+    charge = stripe.Charge.retrieve(latest if isinstance(latest, str) else latest.id)
+    return json.dumps({"id": event_id, "object": "event", "type": "charge.refunded",
+                       "data": {"object": charge.to_dict()}}).encode()
+
+
+@pytest.mark.django_db
+def test_a_refund_made_outside_the_app_is_reconciled_once_from_stripes_charge_refunded_event(stripe_on):
+    buyer = UserFactory()
+    c = client_for(buyer)
+    payment_id = c.post("/api/v1/topups/", {"amount": "50", "card": GOOD_CARD}, format="json").json()["payment"]["id"]
+    payment = Payment.objects.get(pk=payment_id)
+    # Refunded in the Stripe dashboard (or by the app, whose database commit then failed): 20 USD.
+    stripe.Refund.create(payment_intent=payment.stripe_payment_intent_id, amount=2000)
+    event = charge_refunded_event(payment.stripe_payment_intent_id, "evt_refund_outside")
+    assert json.loads(event)["data"]["object"]["amount_refunded"] == 2000
+    assert post_webhook(APIClient(), "t=1,v1=forged", event).status_code == 400
+    assert ledger.wallet_balance(user=buyer) == D("50")
+    for _ in range(2):  # delivered twice: mirrored once
+        assert post_webhook(APIClient(), sign(event), event).status_code == 200
+    payment.refresh_from_db()
+    assert payment.refunded_amount == D("20.00") and ledger.wallet_balance(user=buyer) == D("30")
+    # The app's own refund of the rest is not doubled by Stripe's event for it (a new event id, total 50).
+    r = c.post(f"/api/v1/payments/{payment_id}/refund/", {}, format="json")
+    assert r.status_code == 200 and r.json()["status"] == "refunded", r.content
+    after = charge_refunded_event(payment.stripe_payment_intent_id, "evt_refund_app")
+    assert post_webhook(APIClient(), sign(after), after).status_code == 200
+    assert ledger.wallet_balance(user=buyer) == D("0")
+    assert ledger.balance(account=ledger.platform_account("stripe_clearing")) == D("0")
+    assert StripeEvent.objects.filter(type="charge.refunded", processed=True).count() == 2
+    assert ledger.ledger_check() == []
