@@ -11,7 +11,7 @@ from django.db import transaction
 
 from nodeagent import protocol
 from scheduler.gateway.consumer import AgentConsumer
-from scheduler.gateway.relay import relay_once
+from scheduler.gateway.relay import RELAY, relay_once
 from scheduler.models import Gpu, OutboxEvent
 from scheduler.services import events
 from scheduler.services import slices as slice_services
@@ -24,6 +24,8 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def as_worker(monkeypatch):
     monkeypatch.setattr(events, "USE_OUTBOX", True)
+    # The test relays by hand (relay_once): the web process's background relay would race it.
+    monkeypatch.setattr(RELAY, "ensure_running", lambda: None)
 
 
 async def test_a_command_issued_in_a_worker_reaches_the_agent_through_the_relay(as_worker):
