@@ -29,7 +29,7 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "destroy_instance": ("gpu_uuid", "instance_uuid"),
     "set_busy": ("gpu_uuid", "instance_uuid", "busy"),  # simulated load on an instance (demo, tests)
     "notice": ("kind", "deadline", "instance_uuid"),  # e.g. spot interruption notice, forwarded to the host
-    "inject_fault": ("gpu_uuid", "fault"),  # simulated backend only: overheat | ecc | xid | clear
+    "inject_fault": ("gpu_uuid", "fault"),  # simulated backend only: overheat | power | ecc | xid | clear
     "ping": (),
 }
 

@@ -51,7 +51,7 @@ class Backend(ABC):
         raise not_supported(f"set_busy is only available on the simulated backend, not {self.name}")
 
     def inject_fault(self, gpu_uuid: str, fault: str, xid: int | None = None) -> dict[str, Any]:
-        """Simulated fault: overheat | ecc | xid | clear."""
+        """Simulated fault: overheat | power | ecc | xid | clear."""
         raise not_supported(f"inject_fault is only available on the simulated backend, not {self.name}")
 
     def close(self) -> None:

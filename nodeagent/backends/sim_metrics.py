@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 IDLE_TEMP_C = 31.0  # plus the idle-power term below: ~35 °C at idle
 HOT_TEMP_C = 83.0  # where datacenter GPUs start to pull clocks down (slowdown begins in the 80s)
 OVERHEAT_TARGET_C = 98.0  # an overheat fault drives the GPU past the 90 °C cordon threshold
+OVERDRAW_SHARE = 1.3  # a power fault draws 130% of TDP, past the 110% cordon threshold
 IDLE_SM_CLOCK_MHZ = 345.0
 BOOST_SM_CLOCK_MHZ = 1980.0
 IDLE_MEM_MIB = 520.0  # driver and context overhead on an idle GPU
@@ -34,6 +35,7 @@ class GpuMetricState:
     ecc_sbe: int = 0
     ecc_dbe: int = 0
     overheating: bool = False
+    overdrawing: bool = False  # a failing voltage regulator: draws past the board's rating
     pending_xid: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -54,6 +56,8 @@ class GpuMetricState:
         self.mem_used_mib = min(max(_revert(self.mem_used_mib, mem_target, 0.3, 8.0, rng), 0.0),
                                 self.mem_total_mib)
         power_target = self.idle_power_w + 0.85 * self.tdp_w * self.util / 100.0
+        if self.overdrawing:
+            power_target = OVERDRAW_SHARE * self.tdp_w
         self.power_w = max(_revert(self.power_w, power_target, 0.4, 0.01 * self.tdp_w, rng), 0.0)
         # Temperature follows power with a lag (heat sink mass): a slow reversion rate.
         temp_target = IDLE_TEMP_C + 45.0 * self.power_w / self.tdp_w
@@ -85,11 +89,13 @@ class GpuMetricState:
             # An uncorrectable (double-bit) error; the driver logs it as XID 48.
             self.ecc_dbe += 1
             self.pending_xid.append(48)
+        elif fault == "power":
+            self.overdrawing = True
         elif fault == "xid":
             self.pending_xid.append(79 if xid is None else xid)  # 79: GPU has fallen off the bus
         elif fault == "clear":
             # Like a GPU reset: faults gone, volatile ECC counters back to zero.
-            self.overheating = False
+            self.overheating = self.overdrawing = False
             self.ecc_sbe = self.ecc_dbe = 0
             self.pending_xid = []
         else:

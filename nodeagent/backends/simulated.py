@@ -23,7 +23,7 @@ from .sim_metrics import GpuMetricState
 
 SIM_DRIVER_VERSION = "550.54.15"
 SIM_CUDA_VERSION = "12.4"
-FAULTS = ("overheat", "ecc", "xid", "clear")
+FAULTS = ("overheat", "power", "ecc", "xid", "clear")
 
 
 class SimulateSpecError(ValueError):

@@ -264,7 +264,8 @@ async def test_a_result_for_another_nodes_command_changes_nothing():
     await comm_b.disconnect()
 
 
-@pytest.mark.parametrize("fault, reason", [("overheat", "temperature"), ("ecc", "ECC"), ("xid", "XID")])
+@pytest.mark.parametrize("fault, reason", [("overheat", "temperature"), ("power", "power"), ("ecc", "ECC"),
+                                           ("xid", "XID")])
 async def test_a_health_threshold_crossing_cordons_the_gpu(fault, reason):
     node, token = await sync_to_async(node_with_token)()
     backend = sim_backend("a100-80gb:1", hostname=f"h-{fault}")
