@@ -7,6 +7,7 @@ from decimal import Decimal
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
+from marketplace.services import ledger
 from scheduler.models import Node
 from scheduler.services import nodes as node_services
 
@@ -25,6 +26,8 @@ class DemoNode:
     simulate: str  # the agent's --simulate spec
     price: Decimal
 
+
+DEMO_BUYER_CREDIT = Decimal("25.00")
 
 DEMO_NODES = (
     DemoNode("demo-h100", "eu-west", "h100-80gb:8", Decimal("2.40")),
@@ -53,4 +56,7 @@ def demo_seed() -> list[tuple[DemoNode, Node, str]]:
             else:
                 token = node_services.node_rotate_token(node=node)
             out.append((spec, node, token))
+        # A welcome credit, once, so the demo buyer can order at once (topping up works too).
+        ledger.credit(user=users["buyer"], amount=DEMO_BUYER_CREDIT, idempotency_key="demo:buyer-credit",
+                      memo="demo welcome credit")
     return out
