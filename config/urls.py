@@ -1,6 +1,7 @@
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
-from django.urls import include, path
+from django.http import JsonResponse
+from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from marketplace.api.stripe_webhook import stripe_webhook
@@ -13,5 +14,9 @@ urlpatterns = [
     path("stripe/webhook/", stripe_webhook, name="stripe-webhook"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    # A script that asks for a path the API does not have gets the API's error shape, not an HTML page.
+    re_path(r"^api/", lambda request: JsonResponse(
+        {"error": {"code": "not_found", "message": f"no API endpoint at {request.path}; see /api/docs/"}},
+        status=404)),
     path("", include("marketplace.urls", namespace="console")),
 ]

@@ -156,3 +156,9 @@ def test_a_provider_cannot_destroy_a_slice_under_a_buyers_lease_but_may_destroy_
     fleet.play()
     r = c.delete(f"/api/v1/slices/{r.json()['id']}/")
     assert r.status_code == 202 and r.json()["state"] == "destroying"
+
+
+def test_an_unknown_api_path_gets_the_json_error_shape(client):
+    r = client.get("/api/v1/leases//")
+    assert r.status_code == 404 and r["Content-Type"].startswith("application/json")
+    assert r.json()["error"]["code"] == "not_found" and "/api/docs/" in r.json()["error"]["message"]
