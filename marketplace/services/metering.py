@@ -93,12 +93,9 @@ def _usage(*, lease: Lease, txn, amount: Decimal, fee: Decimal, start: datetime,
         t = stop
     total = sum(s for _, s in pieces)
     gpu = lease.slice.gpu
-    left_amount, left_fee = amount, fee
-    for n, (minute, secs) in enumerate(pieces):
-        last = n == len(pieces) - 1
-        a = left_amount if last else (amount * secs / total).quantize(MICRO)
-        f = left_fee if last else min(a, (fee * secs / total).quantize(MICRO))
-        left_amount, left_fee = left_amount - a, left_fee - f
+    amounts = _spread(amount, [secs for _, secs in pieces], total)
+    fees = _spread_fee(fee, amounts, [secs for _, secs in pieces], total)
+    for (minute, secs), a, f in zip(pieces, amounts, fees):
         rec, created = UsageRecord.objects.get_or_create(
             lease_id=lease.pk, minute=minute,
             defaults=dict(order_id=lease.order_id, project=_project_of(lease), buyer=lease.buyer,
@@ -110,6 +107,33 @@ def _usage(*, lease: Lease, txn, amount: Decimal, fee: Decimal, start: datetime,
             rec.seconds, rec.amount, rec.fee, rec.transaction = min(60, rec.seconds + secs), rec.amount + a, \
                 rec.fee + f, txn
             rec.save(update_fields=["seconds", "amount", "fee", "transaction"])
+
+
+def _spread(amount: Decimal, weights: list[int], total: int) -> list[Decimal]:
+    """`amount` shared over `weights` in micro-dollars adding up to exactly it, none negative: each piece is
+    the step between rounded-down cumulative shares (rounding each piece alone could give 60 pieces of a tiny
+    charge more than the charge, and the last piece a negative amount)."""
+    units, out, before, seen = int(amount / MICRO), [], 0, 0
+    for w in weights:
+        seen += w
+        upto = units * seen // total
+        out.append(Decimal(upto - before) * MICRO)
+        before = upto
+    return out
+
+
+def _spread_fee(fee: Decimal, amounts: list[Decimal], weights: list[int], total: int) -> list[Decimal]:
+    """The fee spread like its charge, never more than a piece's amount; what rounding leaves goes to the
+    pieces with room, latest first (the fee never exceeds the charge, so there is room)."""
+    fees = [min(f, a) for f, a in zip(_spread(fee, weights, total), amounts)]
+    left = fee - sum(fees, Decimal("0"))
+    for i in reversed(range(len(fees))):
+        if left <= 0:
+            break
+        add = min(left, amounts[i] - fees[i])
+        fees[i] += add
+        left -= add
+    return fees
 
 
 def _locked_running(lease_id):

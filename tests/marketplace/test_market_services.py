@@ -506,3 +506,29 @@ def test_a_reserved_window_whose_provision_fails_is_placed_again_on_its_gpu_and_
     # Six minutes of 120 were lost: a twentieth of the price comes back.
     assert wallet(holder) - before == capacity.cents(r.price_total / 20)
     assert ledger.ledger_check() == []
+
+
+@pytest.mark.parametrize("amount, fee, weights", [
+    ("0.000050", "0.000005", [60] * 60),        # the wallet's last micro-dollars over an hour of minutes
+    ("0.000003", "0.000001", [30, 60, 60, 30]),
+    ("1.234567", "0.123457", [1, 60, 59]),
+])
+def test_a_charge_spread_over_minutes_adds_up_exactly_and_no_minute_is_negative_or_pays_more_fee_than_amount(
+        amount, fee, weights):
+    amounts = metering._spread(Decimal(amount), weights, sum(weights))
+    fees = metering._spread_fee(Decimal(fee), amounts, weights, sum(weights))
+    assert sum(amounts) == Decimal(amount) and sum(fees) == Decimal(fee)
+    assert all(a >= 0 and 0 <= f <= a for a, f in zip(amounts, fees))
+
+
+def test_a_lease_whose_wallet_runs_dry_over_a_long_tick_records_valid_usage_minutes(fleet, settings):
+    settings.MARKET = {**settings.MARKET, "MIN_PREPAID_SECONDS": 0}
+    fleet.node("l4:1", price="1.00")
+    buyer = UserFactory()
+    top_up(buyer, "0.000050")  # fifty micro-dollars: what one hour of the meter can still take
+    lease = running_lease(fleet, buyer, whole_gpu=True)
+    metering.meter_tick(now=lease.billed_until + timedelta(seconds=3600))
+    usage = UsageRecord.objects.filter(lease_id=lease.pk)
+    assert usage.count() >= 60 and all(u.amount >= 0 and u.fee <= u.amount for u in usage)
+    assert sum(u.amount for u in usage) == Decimal("0.000050") == Lease.objects.get(pk=lease.pk).cost_charged
+    assert ledger.ledger_check() == []
