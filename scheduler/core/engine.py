@@ -24,9 +24,9 @@ from collections import Counter, defaultdict
 from typing import Literal, Sequence
 
 from . import mig, preemption
-from .filters import DEFAULT_FILTERS, Filter
+from .filters import DEFAULT_FILTERS, ComputeCapability, Filter, MemoryPerSlice, ModelAllowed
 from .model import Decision, GpuState, NodeState, Placement, Request
-from .placement import Option, multi_option, single_option
+from .placement import Option, multi_option, single_option, waste_for
 from .pool import CLASS_FIELDS, FIXED, WHOLE, CapacityError, GpuRecord, Pool
 from .regions import rtt_ms
 from .scorers import DEFAULT_SCORERS, LatencyScorer, Scorer
@@ -35,6 +35,8 @@ from .weights import DEFAULT_WEIGHTS, Weights, weights_for
 __all__ = ["Pool", "Scheduler", "CapacityError"]
 
 _LATENCY = LatencyScorer()
+_MODEL_FILTERS = (ModelAllowed, ComputeCapability, MemoryPerSlice)
+_SPLIT = object()  # key of the per-decision filter split in Scheduler._passes' cache
 
 
 class Scheduler:
@@ -58,10 +60,16 @@ class Scheduler:
         self._shares: dict[Weights, list[tuple[Scorer, float]]] = {}
         self._cur_weights: Weights | None = None  # the weights of the decision in progress, and their shares
         self._cur_shares: list[tuple[Scorer, float]] = []
+        self._cur_fns: list = []  # (raw, normalise, share) per scorer for the decision in progress
         self._alive_memo: tuple | None = None  # (request, alive kinds, refused counts) within one decide
         self._filters_memo: tuple | None = None  # (request, active filters) within one decide
         self._fit_memo: dict[tuple, mig.MigProfile | None] = {}
         self._lat_memo: dict[tuple, float] = {}
+        self._lats_memo: dict[tuple, dict[str, float]] = {}
+        self._kinds_memo: dict[tuple, tuple] = {}  # model-scope request fields -> (alive kinds, refused counts)
+        self._lists_memo: dict[tuple, tuple] = {}  # the same + regions, buyer region -> (avail epoch, lists)
+        self._weights_memo: tuple | None = None  # (base weights, load, weights_for(base, load))
+        self._shares_last: tuple | None = None  # (weights object, its shares)
 
     # --- public --------------------------------------------------------------------------------------
 
@@ -69,7 +77,13 @@ class Scheduler:
         """The weights in force now: the base weights moved by the pool's load (weights.weights_for)."""
         if not self.adapt_weights:
             return self.base_weights
-        return weights_for(self.base_weights, load=1.0 - self.pool.free_share())
+        load = 1.0 - self.pool.free_share()
+        memo = self._weights_memo
+        if memo is not None and memo[0] is self.base_weights and memo[1] == load:
+            return memo[2]  # the same object: its scorer shares are then found without hashing
+        w = weights_for(self.base_weights, load=load)
+        self._weights_memo = (self.base_weights, load, w)
+        return w
 
     def decide(self, request: Request, *, allow_preemption: bool = True, explain: bool = True) -> Decision:
         """Where `request` should go, or why it cannot; never changes the pool.
@@ -80,7 +94,10 @@ class Scheduler:
         if problem:
             return Decision(ok=False, reasons={problem: len(self.pool.records)})
         weights = self.weights()
-        self._cur_weights, self._cur_shares = weights, self._shares_for(weights)
+        if weights is not self._cur_weights:
+            self._cur_weights, self._cur_shares = weights, self._shares_for(weights)
+            self._cur_fns = [(sc.raw, sc.normalise, share) if type(sc).score is Scorer.score
+                             else (None, sc.score, share) for sc, share in self._cur_shares]
         self._alive_memo = (request, None, None)
         # exhaustive stays the literal reference: every filter on every GPU, none skipped as inactive
         self._filters_memo = (request, self._active_filters(request) if self.mode == "fast" else
@@ -125,19 +142,28 @@ class Scheduler:
 
     def value(self, option: Option, request: Request, weights: Weights) -> float:
         """`score(...)[0]` without the breakdown (the same float: the same terms summed in the same order)."""
-        shares = self._cur_shares if weights is self._cur_weights else self._shares_for(weights)
+        if weights is self._cur_weights:
+            fns = self._cur_fns
+        else:
+            fns = [(s.raw, s.normalise, share) if type(s).score is Scorer.score else (None, s.score, share)
+                   for s, share in self._shares_for(weights)]
         total = 0
-        for s, share in shares:
-            total += share * s.score(option, request)
+        for raw, norm, share in fns:
+            # Scorer.score is normalise(raw(...)): called directly, the same float
+            total += share * (norm(raw(option, request)) if raw is not None else norm(option, request))
         return total
 
     def _shares_for(self, weights: Weights) -> list[tuple[Scorer, float]]:
+        last = self._shares_last
+        if last is not None and last[0] is weights:
+            return last[1]
         shares = self._shares.get(weights)
         if shares is None:
             total_w = sum(weights.get(s.name) for s in self.scorers) or 1.0
             if len(self._shares) > 64:
                 self._shares.clear()  # weights move with load: keep the memo small
             shares = self._shares[weights] = [(s, weights.get(s.name) / total_w) for s in self.scorers]
+        self._shares_last = (weights, shares)
         return shares
 
     def rescore(self, decision: Decision, request: Request) -> float:
@@ -180,6 +206,36 @@ class Scheduler:
                 return reason
         return None
 
+    def _passes(self, request: Request, rec: GpuRecord, cache: dict) -> bool:
+        """`first_refusal(...) is None` for the fast walks, which need no reason: model-scope filters are
+        answered once per (model, MIG mode) and node-scope ones once per node, all together (whether every
+        filter passes does not depend on their order)."""
+        split = cache.get(_SPLIT)
+        if split is None:
+            memo = self._filters_memo
+            active = memo[1] if memo is not None and memo[0] is request else self._active_filters(request)
+            split = cache[_SPLIT] = (tuple(f for _, f, sc in active if sc == "model"),
+                                     tuple(f for _, f, sc in active if sc == "node"),
+                                     tuple(f for _, f, sc in active if sc == "gpu"))
+        pool = self.pool
+        node, gpu = rec.node, rec.gpu
+        mkey = (gpu.model, gpu.geometry is None)
+        ok = cache.get(mkey)
+        if ok is None:
+            ok = cache[mkey] = all(f.check(request, node, gpu, pool) is None for f in split[0])
+        if not ok:
+            return False
+        nkey = node.id
+        ok = cache.get(nkey)
+        if ok is None:
+            ok = cache[nkey] = all(f.check(request, node, gpu, pool) is None for f in split[1])
+        if not ok:
+            return False
+        for f in split[2]:
+            if f.check(request, node, gpu, pool) is not None:
+                return False
+        return True
+
     def _active_filters(self, request: Request) -> tuple[tuple[int, Filter, str], ...]:
         """(position, filter, scope) of the filters that can refuse something for `request`."""
         return tuple((i, f, f.scope) for i, f in enumerate(self.filters) if f.active(request))
@@ -203,15 +259,37 @@ class Scheduler:
             if f.scope != "model":
                 break
             lead.append(f)
+        # the built-in model-scope filters read only these request fields, and the pool's kinds never change:
+        # their answer is memoised across decisions
+        key = None
+        if all(type(f) in _MODEL_FILTERS for f in lead):
+            key = (request.models, request.min_compute_capability, request.memory_gb, request.compute_slices,
+                   request.wants_whole)
+            hit = self._kinds_memo.get(key)
+            if hit is not None:
+                if counts is not None:
+                    counts.update(hit[1])
+                return hit[0]
+        refused: Counter[str] = Counter()
+        alive = self._alive_kinds_of(request, lead, refused)
+        if key is not None:
+            if len(self._kinds_memo) > 4096:
+                self._kinds_memo.clear()
+            self._kinds_memo[key] = (alive, refused)
+        if counts is not None:
+            counts.update(refused)
+        return alive
+
+    def _alive_kinds_of(self, request: Request, lead: list[Filter], counts: Counter) -> set[tuple[str, bool]]:
         alive: set[tuple[str, bool]] = set()
         for kind, recs in self.pool.by_kind.items():
             rep = recs[0]
             reason = next((r for f in lead if (r := f.check(request, rep.node, rep.gpu, self.pool))), None)
             if reason is None:
                 alive.add(kind)
-            elif counts is not None:
+            else:
                 counts[reason] += len(recs)
-        return alive
+        return frozenset(alive)  # type: ignore[return-value]
 
     def reasons(self, request: Request) -> dict[str, int]:
         """Every GPU's first refusal, counted (the same in both modes, and equal to checking every GPU).
@@ -252,38 +330,110 @@ class Scheduler:
             return None
         pool = self.pool
         counts: Counter[str] = Counter()
-        cache: dict = {}
         alive = self.alive_kinds(request, counts)
-        passing: set[tuple] = set()  # buckets that pass every filter but the per-node-free ones
-        for key, members in (kv for kind in alive for kv in pool.reason_buckets.get(kind, {}).items()):
-            rec = pool.records[next(iter(members))]
-            reason = self.first_refusal(request, rec.node, rec.gpu, cache, skip=per_node, node_key=key[0])
-            if reason is not None:
-                counts[reason] += len(members)
-            elif per_node:
-                if rec.gpu.instances or not rec.schedulable:
-                    return None  # only free GPUs may reach a per-node-free filter (a custom filter set)
-                passing.add(key)
+        # A bucket's first refusal, composed from per-scope answers: model-scope filters answer per kind,
+        # node-scope ones per node class (they read only CLASS_FIELDS here), gpu-scope ones per sig (they are
+        # groupable; per (class, sig) when one also reads a node field). Each part gives its first refusing
+        # filter's position; the bucket's reason is the one with the lowest position, as filter order says.
+        memo = self._filters_memo
+        active = memo[1] if memo is not None and memo[0] is request else self._active_filters(request)
+        parts: dict[str, list[tuple[int, Filter]]] = {"model": [], "node": [], "gpu": []}
+        for i, f, scope in active:
+            if f.name not in per_node:
+                parts[scope].append((i, f))
+        gpu_by_class = any(f.node_fields for _, f in parts["gpu"])
+        memo_m: dict = {}
+        memo_n: dict = {}
+        memo_g: dict = {}
+        none = (len(self.filters), None)
+
+        def first(fs, rec):
+            for i, f in fs:
+                r = f.check(request, rec.node, rec.gpu, pool)
+                if r:
+                    return (i, r)
+            return none
+
+        passing: dict[tuple, dict[int, None]] = {}  # buckets that pass all but the per-node-free filters
+        for kind in alive:
+            for key, members in pool.reason_buckets.get(kind, {}).items():
+                cls, sig = key
+                rm = memo_m.get(kind)
+                rec = None
+                if rm is None:
+                    rec = pool.records[next(iter(members))]
+                    rm = memo_m[kind] = first(parts["model"], rec)
+                rn = memo_n.get(cls)
+                if rn is None:
+                    rec = rec or pool.records[next(iter(members))]
+                    rn = memo_n[cls] = first(parts["node"], rec)
+                gk = key if gpu_by_class else sig
+                rg = memo_g.get(gk)
+                if rg is None:
+                    rec = rec or pool.records[next(iter(members))]
+                    rg = memo_g[gk] = first(parts["gpu"], rec)
+                r = rm if rm[0] < rn[0] else rn
+                reason = (r if r[0] < rg[0] else rg)[1]
+                if reason is not None:
+                    counts[reason] += len(members)
+                elif per_node:
+                    rec = rec or pool.records[next(iter(members))]
+                    if rec.gpu.instances or not rec.schedulable:
+                        return None  # only free GPUs may reach a per-node-free filter (a custom filter set)
+                    passing[key] = members
         if passing:
             last = [f for f in self.filters if f.name in per_node]
-            # filters that read no node field answer alike for every node with the same free GPUs
-            by_free_only = all(f.node_fields == () for f in last)
-            answers: dict[tuple, str | None] = {}
-            for cls in {c for c, _ in passing}:
-                for free, node_ids in pool.free_nodes.get(cls, {}).items():
-                    here = [sig for sig in free if (cls, sig) in passing]
-                    if not here:
-                        continue
-                    node = pool.nodes[next(iter(node_ids))]
-                    seen = answers.setdefault(free, {}) if by_free_only else {}
-                    for sig in here:
-                        if sig not in seen:
-                            gpu = next(r.gpu for r in pool.by_node[node.id]
-                                       if r.sig == sig and not r.gpu.instances)
-                            seen[sig] = next((r for f in last if (r := f.check(request, node, gpu, pool))), None)
-                        if seen[sig] is not None:
-                            counts[seen[sig]] += len(node_ids)
+            if not self._per_node_bounded(request, last, passing, counts):
+                self._per_node_buckets(request, last, passing, counts)
         return dict(counts)
+
+    def _per_node_bounded(self, request: Request, last: list[Filter], passing: dict, counts: Counter) -> bool:
+        """The per-node-free count when few nodes could pass it: "k GPUs on one node" refuses every node
+        with fewer than k free schedulable GPUs (`Pool.node_free`, an upper bound on the GPUs it counts),
+        so only nodes with at least k are checked; every other passing GPU takes the refusal. O(1) to
+        refute (no node has k free GPUs), O(those nodes) otherwise. False: not applicable here."""
+        k = request.gpu_count
+        if (len(last) != 1 or not getattr(last[0], "bounded_by_node_free", False) or k <= 1
+                or not all(cls[0] for cls, _ in passing)):  # offline nodes are not in node_free
+            return False
+        pool = self.pool
+        by_free = pool.nodes_by_free
+        if sum(len(ids) for c, ids in by_free.items() if c >= k) > 4 * self.max_candidates:
+            return False  # many candidate nodes: the free-node buckets are cheaper
+        total = sum(len(m) for m in passing.values())
+        fits = 0
+        f = last[0]
+        for c, ids in by_free.items():
+            if c < k:
+                continue
+            for node_id in ids:
+                here = [r for r in pool.by_node[node_id] if r.bucket in passing and r.idx in passing[r.bucket]]
+                if here and f.check(request, here[0].node, here[0].gpu, pool) is None:
+                    fits += len(here)
+        if total > fits:
+            counts[f.refusal(k)] += total - fits  # type: ignore[attr-defined]
+        return True
+
+    def _per_node_buckets(self, request: Request, last: list[Filter], passing: dict, counts: Counter) -> None:
+        """The per-node-free count over the pool's free-node buckets (nodes alike in class and free GPUs)."""
+        pool = self.pool
+        # filters that read no node field answer alike for every node with the same free GPUs
+        by_free_only = all(f.node_fields == () for f in last)
+        answers: dict[tuple, dict] = {}
+        for cls in {c for c, _ in passing}:
+            for free, node_ids in pool.free_nodes.get(cls, {}).items():
+                here = [sig for sig in free if (cls, sig) in passing]
+                if not here:
+                    continue
+                node = pool.nodes[next(iter(node_ids))]
+                seen = answers.setdefault(free, {}) if by_free_only else {}
+                for sig in here:
+                    if sig not in seen:
+                        gpu = next(r.gpu for r in pool.by_node[node.id]
+                                   if r.sig == sig and not r.gpu.instances)
+                        seen[sig] = next((r for f in last if (r := f.check(request, node, gpu, pool))), None)
+                    if seen[sig] is not None:
+                        counts[seen[sig]] += len(node_ids)
 
     def _node_group_reasons(self, request: Request) -> dict[str, int]:
         """The O(nodes) count: one GPU per (node, sig) group (or every GPU, for non-groupable filters)."""
@@ -350,7 +500,7 @@ class Scheduler:
         considered = 0
         for node_id in node_ids:
             recs = self.pool.by_node[node_id]
-            gpus = [(r.idx, r.gpu) for r in recs if self.first_refusal(request, r.node, r.gpu, cache) is None]
+            gpus = [(r.idx, r.gpu) for r in recs if self._passes(request, r, cache)]
             opt = multi_option(self.pool, recs[0].node, gpus, request) if gpus else None
             if opt is not None:
                 considered += len(gpus)
@@ -360,11 +510,23 @@ class Scheduler:
         return (best[1] if best else None), considered
 
     def _lists(self, request: Request) -> list[tuple[float, list[tuple[float, int]]]]:
-        """Index lists that can hold a fitting GPU, each with the latency term of its region."""
+        """Index lists that can hold a fitting GPU, each with the latency term of its region (some may be
+        empty now). Memoised per request shape until the pool creates a new index list (`avail_epoch`)."""
+        alive = self.alive_kinds(request)
+        key = (alive, request.memory_gb, request.compute_slices, request.wants_whole, request.regions,
+               request.buyer_region)
+        hit = self._lists_memo.get(key)
+        if hit is not None and hit[0] == self.pool.avail_epoch:
+            return hit[1]
+        out = self._lists_of(request, alive)
+        if len(self._lists_memo) > 4096:
+            self._lists_memo.clear()
+        self._lists_memo[key] = (self.pool.avail_epoch, out)
+        return out
+
+    def _lists_of(self, request: Request, alive) -> list[tuple[float, list[tuple[float, int]]]]:
         pool = self.pool
         out = []
-        wl = DEFAULT_WEIGHTS.get("latency")
-        alive = self.alive_kinds(request)
         for model in sorted({m for m, _ in alive}):
             keys = {FIXED} if (model, True) in alive else set()
             if (model, False) not in alive:
@@ -377,12 +539,8 @@ class Scheduler:
                     keys.add(p.name)
             for key in keys:
                 for region, lst in pool.avail.get((model, key), {}).items():
-                    if lst and (request.regions is None or region in request.regions):
-                        lk = (request.buyer_region, region)
-                        lat = self._lat_memo.get(lk)
-                        if lat is None:
-                            lat = self._lat_memo[lk] = wl * _LATENCY.normalise(rtt_ms(request.buyer_region, region))
-                        out.append((lat, lst))
+                    if request.regions is None or region in request.regions:
+                        out.append((self._lat_term(request.buyer_region, region), lst))
         return out
 
     def _fitting(self, model: str, g: mig.MigGeometry, request: Request) -> mig.MigProfile | None:
@@ -400,18 +558,25 @@ class Scheduler:
     def _fast(self, request: Request, weights: Weights) -> tuple[Option | None, int]:
         pool = self.pool
         if request.gpu_count > 1:
-            ready = pool.nodes_with_free(request.gpu_count)
-            if len(ready) <= 4 * self.max_candidates:
-                return self._nodes(request, weights, ready)  # few enough: check them all, exactly
+            k = request.gpu_count
+            if sum(len(ids) for c, ids in pool.nodes_by_free.items() if c >= k) <= 4 * self.max_candidates:
+                # few enough: check them all, exactly (any order: ties go to the lower pool index)
+                return self._nodes(request, weights, [n for c, ids in pool.nodes_by_free.items() if c >= k
+                                                      for n in ids])
         lists = self._lists(request)
         # list entries are (-static key, pool index); the heap pops the highest key + latency term first
-        heap = [(-(lat - lst[0][0]), n, 0) for n, (lat, lst) in enumerate(lists)]
+        heap = [(-(lat - lst[0][0]), n, 0) for n, (lat, lst) in enumerate(lists) if lst]
         heapq.heapify(heap)
         cache: dict = {}
         seen: set[int] = set()
         seen_nodes: set[str] = set()
+        # GPUs of one node with the same sig and layout pass the same filters and give the same option and
+        # score; the one with the lower pool index wins the tie, so a later twin counts as considered (the
+        # budget is unchanged) without being evaluated again: (node, sig, layout) -> (pool index, passed)
+        twins: dict[tuple, tuple[int, bool]] = {}
         best: tuple[float, Option] | None = None
         considered = 0
+        multi = request.gpu_count > 1
         while heap and considered < self.max_candidates:
             _, n, pos = heapq.heappop(heap)
             lat, lst = lists[n]
@@ -422,73 +587,148 @@ class Scheduler:
                 continue
             seen.add(idx)
             rec: GpuRecord = pool.records[idx]
-            if request.gpu_count > 1:
+            if multi:
                 if rec.node.id in seen_nodes or pool.node_free[rec.node.id] < request.gpu_count:
                     continue
                 seen_nodes.add(rec.node.id)
-                gpus = [(r.idx, r.gpu) for r in pool.by_node[rec.node.id]
-                        if self.first_refusal(request, r.node, r.gpu, cache) is None]
+                gpus = [(r.idx, r.gpu) for r in pool.by_node[rec.node.id] if self._passes(request, r, cache)]
                 opt = multi_option(pool, rec.node, gpus, request) if gpus else None
                 considered += len(gpus) if opt else 0
             else:
-                if self.first_refusal(request, rec.node, rec.gpu, cache) is not None:
+                tkey = (rec.node.id, rec.sig, rec.layout)
+                twin = twins.get(tkey)
+                if twin is not None and twin[0] < idx:
+                    considered += twin[1]
+                    continue
+                if not self._passes(request, rec, cache):
+                    twins[tkey] = (idx, False)
                     continue
                 opt = single_option(pool, rec.node, rec.gpu, request, idx=idx)
+                twins[tkey] = (idx, opt is not None)
                 considered += 1 if opt else 0
             if opt is not None:
                 s = self.value(opt, request, weights)
                 if self._better(s, opt, best):
                     best = (s, opt)
         if request.gpu_count == 1 and not request.wants_whole and self.packing_candidates:
+            # the packing walk: `packing_candidates` GPUs that pass the filters (GPUs the static walk already
+            # scored count too), at most 4x as many offered
+            found = offered = 0
             for idx in self._best_packing(request):
+                if found >= self.packing_candidates or offered >= 4 * self.packing_candidates:
+                    break
+                offered += 1
+                rec = pool.records[idx]
+                tkey = (rec.node.id, rec.sig, rec.layout)
+                twin = twins.get(tkey)
                 if idx in seen:
+                    found += twin is not None and twin[0] == idx and twin[1]
                     continue
                 seen.add(idx)
-                rec = pool.records[idx]
-                if self.first_refusal(request, rec.node, rec.gpu, cache) is not None:
+                if twin is not None and twin[0] < idx:
+                    considered += twin[1]
+                    found += twin[1]
+                    continue
+                if not self._passes(request, rec, cache):
+                    twins[tkey] = (idx, False)
                     continue
                 opt = single_option(pool, rec.node, rec.gpu, request, idx=idx)
+                twins[tkey] = (idx, opt is not None)
                 if opt is None:
                     continue
                 considered += 1
+                found += 1
                 s = self.value(opt, request, weights)
                 if self._better(s, opt, best):
                     best = (s, opt)
         return (best[1] if best else None), considered
 
     def _best_packing(self, request: Request):
-        """GPUs in order of packing cost (layout buckets, lowest Δfrag first), best static key first
-        within a bucket; yields until `packing_candidates` of them were offered. The static walk above
-        ignores packing, so this second, short walk brings the tightest fits into the comparison."""
+        """GPUs best-first by an estimate of their score: − packing share × 100 × the packing cost of their
+        layout bucket + static key + the region's latency term (ties: pool index), over the layout buckets
+        of the kinds the request can use. A bucket's cost is its Δfrag plus the kind's waste term (the same
+        for every GPU of a model), rounded to 1e-9 so that costs equal but for float rounding tie. Buckets
+        are opened in cost order, only while one could still beat the best entry waiting (no static key
+        exceeds `Pool.max_key`, no latency term the latency weight × 100) and until the opened buckets hold
+        4 × `packing_candidates` GPUs (the caller stops by then); their region lists are merged entry by
+        entry. The static walk ignores packing, so this second, short walk brings the tightest fits into the
+        comparison; the caller stops it."""
         pool = self.pool
-        ranked: list[tuple[float, tuple[float, int], list[tuple[float, int]]]] = []
-        for model, mig_off in sorted(self.alive_kinds(request)):
+        pending: list[tuple[float, int, float, list, dict]] = []  # (next bucket's cost, n, waste, ranked, buckets)
+        for n, (model, mig_off) in enumerate(sorted(self.alive_kinds(request))):
             g = pool.spec(model).mig
             if mig_off or g is None:
                 continue
             p = self._fitting(model, g, request)
             if p is None:
                 continue
-            buckets = pool.by_layout.get((model, p.name), {})
-            enough, last = 0, None
-            for delta, layout in self._layout_rank(model, g, p.name):
-                if enough >= self.packing_candidates and delta != last:
-                    break  # this kind's buckets so far fill the walk before any later one is reached
-                lst = buckets.get(layout)
-                if lst:
-                    ranked.append((delta, lst[0], lst))
-                    enough += len(lst)
-                    last = delta
-        # equal Δfrag: the bucket with the best node first; (Δfrag, first entry) is unique per bucket, so
-        # the heap never compares the lists. Only the first few buckets are needed: pop, don't sort.
-        heapq.heapify(ranked)
-        offered = 0
-        while ranked:
-            for _, idx in heapq.heappop(ranked)[2]:
-                yield idx
-                offered += 1
-                if offered >= self.packing_candidates:
-                    return
+            ranked = self._layout_rank(model, g, p.name)
+            if ranked:
+                waste = waste_for(pool, model, True, request, p.memory_gb)
+                pending.append((_q(ranked[0][0] + waste), n, waste, ranked, pool.by_layout.get((model, p.name), {})))
+        heapq.heapify(pending)
+        lats = self._region_lats(request)
+        wp = 100.0 * next((share for sc, share in self._cur_shares if sc.name == "packing"), 0.3)
+        top = pool.max_key + DEFAULT_WEIGHTS.get("latency") * 100.0  # no static key + latency term is above
+        pos = {}  # kind n -> position of its next bucket in `ranked`
+        # (−estimate, pool index, position in list or −1 for an unsplit bucket, latency term, list or bucket)
+        heap: list[tuple[float, int, int, float, object]] = []
+        opened = 0  # GPUs in the buckets opened so far
+        enough = 4 * self.packing_candidates  # the caller stops after this many: later buckets cannot matter
+        while True:
+            while pending and (not heap or (wp * pending[0][0] - top <= heap[0][0] and opened < enough)):
+                cost, n, waste, ranked, buckets = heapq.heappop(pending)
+                i = pos.get(n, 0)
+                # the bucket goes in as one item, ranked by its best region list's head; it is split into
+                # its region lists when it comes out on top
+                head = None
+                for region, lst in buckets.get(ranked[i][1], {}).items():
+                    lat = lats.get(region)
+                    if lat is None:
+                        if request.regions is not None and region not in request.regions:
+                            continue
+                        lat = lats[region] = self._lat_term(request.buyer_region, region)
+                    opened += len(lst)
+                    h = (wp * cost + lst[0][0] - lat, lst[0][1])
+                    if head is None or h < head:
+                        head = h
+                if head is not None:
+                    heapq.heappush(heap, (head[0], head[1], -1, wp * cost, buckets[ranked[i][1]]))
+                pos[n] = i + 1
+                if i + 1 < len(ranked):
+                    heapq.heappush(pending, (_q(ranked[i + 1][0] + waste), n, waste, ranked, buckets))
+            if not heap:
+                return
+            _, idx, j, c, lst = heapq.heappop(heap)
+            if j < 0:  # a bucket: its region lists (the one with the best head is popped next)
+                for region, rl in lst.items():  # type: ignore[attr-defined]
+                    lat = lats.get(region)
+                    if lat is not None:
+                        heapq.heappush(heap, (c + rl[0][0] - lat, rl[0][1], 0, c - lat, rl))
+                continue
+            # for a region list, `c` holds wp × cost − latency term: the estimate's part shared by its entries
+            if j + 1 < len(lst):  # type: ignore[arg-type]
+                nxt = lst[j + 1]  # type: ignore[index]
+                heapq.heappush(heap, (c + nxt[0], nxt[1], j + 1, c, lst))
+            yield idx
+
+    def _region_lats(self, request: Request) -> dict[str, float]:
+        """region -> the latency term of the static order, filled as regions are met (allowed ones only)."""
+        key = (request.buyer_region, request.regions)
+        hit = self._lats_memo.get(key)
+        if hit is None:
+            if len(self._lats_memo) > 256:
+                self._lats_memo.clear()
+            hit = self._lats_memo[key] = {}
+        return hit
+
+    def _lat_term(self, buyer_region: str | None, region: str) -> float:
+        """The latency term of the static order: default latency weight × normalised RTT."""
+        lk = (buyer_region, region)
+        lat = self._lat_memo.get(lk)
+        if lat is None:
+            lat = self._lat_memo[lk] = DEFAULT_WEIGHTS.get("latency") * _LATENCY.normalise(rtt_ms(buyer_region, region))
+        return lat
 
     def _layout_rank(self, model: str, g: mig.MigGeometry, profile: str) -> list[tuple[float, tuple]]:
         """Layouts holding GPUs where `profile` fits, by Δfrag of placing it; cached until a layout
@@ -506,6 +746,11 @@ class Scheduler:
             ranked.sort()
             hit = self._rank_cache[key] = (stamp, ranked)
         return hit[1]
+
+
+def _q(cost: float) -> float:
+    """A packing cost for ordering: 1e-9 apart is a tie (a packing score difference of ~3e-8)."""
+    return round(cost, 9)
 
 
 def _invalid(request: Request) -> str | None:

@@ -185,11 +185,19 @@ class GpusOnOneNode(Filter):
     def active(self, request):
         return request.gpu_count > 1
 
+    # a node whose free schedulable GPUs (any model, `Pool.node_free`) are fewer than k is refused: the
+    # reason count may then skip checking it (Scheduler._bucket_reasons)
+    bounded_by_node_free = True
+
+    @staticmethod
+    def refusal(k: int) -> str:
+        return f"fewer than {k} free GPUs on node"
+
     def check(self, request, node, gpu, view):
         if request.gpu_count <= 1:
             return None
         n = view.free_gpu_count(node, request)
-        return None if n >= request.gpu_count else f"fewer than {request.gpu_count} free GPUs on node"
+        return None if n >= request.gpu_count else self.refusal(request.gpu_count)
 
 
 # What the model offers first (the biggest, cheapest-to-count groups), then the node, then the GPU itself.

@@ -48,12 +48,17 @@ class Option:
 def _waste(pool: "Pool", gpu: GpuState, request: Request, slice_memory_gb: float) -> float:
     """WASTE_WEIGHT × the share of the GPU's memory handed out beyond the ask, on a MIG GPU × the share of the
     demand mix that could run there at all: memory that no other request could use is not lost."""
+    return waste_for(pool, gpu.model, gpu.geometry is not None, request, slice_memory_gb)
+
+
+def waste_for(pool: "Pool", model: str, mig_on: bool, request: Request, slice_memory_gb: float) -> float:
+    """`_waste` for any GPU of `model` (MIG on or off): it depends on nothing else of the GPU."""
     if request.wants_whole or slice_memory_gb <= 0:
         return 0.0  # a whole GPU was asked for: nothing is handed out beyond the ask
-    gpu_memory = pool.spec(gpu.model).memory_gb
+    gpu_memory = pool.spec(model).memory_gb
     waste = WASTE_WEIGHT * max(0.0, slice_memory_gb - request.memory_gb) / gpu_memory
-    if waste and gpu.geometry is not None:
-        waste *= 1.0 - pool.mix.no_access_share(gpu.model)
+    if waste and mig_on:
+        waste *= 1.0 - pool.mix.no_access_share(model)
     return waste
 
 
@@ -83,7 +88,36 @@ def _node_term(pool: "Pool", node: NodeState, gpu: GpuState, taken: int) -> floa
 def single_option(pool: "Pool", node: NodeState, gpu: GpuState, request: Request, *,
                   layout: Layout | None = None, idx: int = 0, node_term: bool = True) -> Option | None:
     """The best option for `request` on one GPU (None when nothing fits), `layout` overriding the
-    GPU's current MIG layout (preemption planning asks "what if these spot instances were gone")."""
+    GPU's current MIG layout (preemption planning asks "what if these spot instances were gone").
+
+    On the GPU's own layout the option's profile, start, packing cost and PUs depend only on the GPU's kind
+    and state (sig, layout, whether it holds anything), the request's size, the node's free GPU count when
+    the node term applies, and the demand mix: they are memoised per pool under that key until the mix
+    refreshes (`Pool.option_memo`); the price (node price, class, the model's free share) is computed each
+    time."""
+    if layout is None:
+        rec = pool.record(gpu.uuid)
+        nf = pool.node_free[node.id] if node_term and pool.node_term and rec.free_whole and not gpu.instances else -1
+        key = (rec.sig, rec.layout, not gpu.instances, request.memory_gb, request.compute_slices,
+               request.wants_whole, nf)
+        memo = pool.option_memo()
+        hit = memo.get(key, False)
+        if hit is False:
+            opt = _single_option(pool, node, gpu, request, None, idx, node_term)
+            hit = memo[key] = None if opt is None else (opt.profile, opt.start, opt.pack_cost, opt.pu,
+                                                         slice_share(geometry=gpu.geometry, profile=opt.profile))
+            return opt
+        if hit is None:
+            return None
+        profile, start, cost, pu, share = hit
+        price = slice_price(base_per_gpu_hour=node.price_per_gpu_hour, share=share, mode=request.mode,
+                            free_share=pool.free_share(gpu.model))
+        return Option(node, [gpu], profile, start, cost, price, pu, idx)
+    return _single_option(pool, node, gpu, request, layout, idx, node_term)
+
+
+def _single_option(pool: "Pool", node: NodeState, gpu: GpuState, request: Request, layout: Layout | None,
+                   idx: int, node_term: bool) -> Option | None:
     profile, reason = pool.slice_for(gpu, request)
     if reason is not None:
         return None

@@ -5,8 +5,8 @@ Indexes, all maintained per GPU on every change (allocate, release, health, node
   key (price per PU and reliability under the default weights). `key` is a MIG profile name (a legal start
   exists now), WHOLE (an empty MIG GPU) or FIXED (a free GPU that is not split: no MIG, or MIG off).
   Only schedulable GPUs are indexed: node online and GPU not cordoned.
-- `by_layout[(model, profile)][layout]`: the same GPUs bucketed by MIG layout, which fixes their packing
-  cost, so the fast path can also visit the best-packing GPUs;
+- `by_layout[(model, profile)][layout][region]`: the same GPUs bucketed by MIG layout, which fixes their
+  Δfrag, and by region (the latency term), so the fast path can also visit the best-packing GPUs;
 - free share per model (sum of free fractions / schedulable GPUs), kept as running sums;
 - free whole GPUs per node, GPUs holding spot instances, and lease id -> GPUs;
 - reason buckets, so that `Scheduler.reasons` costs O(buckets), not O(GPUs): `reason_buckets[(model, MIG
@@ -17,7 +17,11 @@ Indexes, all maintained per GPU on every change (allocate, release, health, node
   with no free GPU are left out);
 - spot capacity for preemption: `spot_lb[(model, MIG off)]` = GPUs holding spot leases, sorted by their
   cheapest spot lease (a lower bound on the value any removal there costs), and nodes by how many of their
-  GPUs are free or hold only spot (`nodes_by_pfree`), for k-GPU preemption.
+  GPUs are free or hold only spot (`nodes_by_pfree`, and per the node's model in `nodes_by_kind_pfree`),
+  for k-GPU preemption.
+Also `max_key` (an upper bound on every static key), `avail_epoch` (bumps when an `avail` list is created:
+the scheduler memoises which lists serve a request shape) and `option_memo()` (placement.single_option's
+per-layout costs, for one demand-mix version).
 A `Pool` deep-copies the `NodeState`s it is given: callers keep their snapshot, the pool owns its copy.
 """
 from __future__ import annotations
@@ -87,10 +91,12 @@ class Pool:
         self.node_groups: dict[str, dict[tuple, dict[int, None]]] = defaultdict(dict)
         self.avail: dict[tuple[str, str], dict[str, list[tuple[float, int]]]] = defaultdict(
             lambda: defaultdict(list))
-        # (model, MIG profile) -> layout -> GPUs with that layout where the profile fits, static key order:
-        # every GPU in a bucket has the same packing cost for the profile (fragmentation.FragCache)
-        self.by_layout: dict[tuple[str, str], dict[tuple, list[tuple[float, int]]]] = defaultdict(dict)
+        # (model, MIG profile) -> layout -> region -> GPUs with that layout where the profile fits, static key
+        # order: every GPU in a bucket has the same Δfrag for the profile (fragmentation.FragCache)
+        self.by_layout: dict[tuple[str, str], dict[tuple, dict[str, list[tuple[float, int]]]]] = defaultdict(dict)
         self.layout_epoch: dict[tuple[str, str], int] = defaultdict(int)  # bumps when a bucket comes or goes
+        self.max_key = float("-inf")  # no GPU's static key was ever above this (an upper bound, never lowered)
+        self.avail_epoch = 0  # bumps when an `avail` list is created (lists are never removed)
         self._free_sum: dict[str, float] = defaultdict(float)
         self._cap: dict[str, int] = defaultdict(int)
         self.node_free: dict[str, int] = defaultdict(int)
@@ -105,12 +111,17 @@ class Pool:
         self.node_pfree: dict[str, int] = defaultdict(int)  # GPUs free or holding only spot leases
         self.node_spot: dict[str, int] = defaultdict(int)  # GPUs holding spot leases
         self.nodes_by_pfree: dict[int, set[str]] = defaultdict(set)
+        # the same per (the node's only GPU model, or None for a node with several models; count)
+        self.nodes_by_kind_pfree: dict[tuple, set[str]] = defaultdict(set)
+        self._tags: dict[str, str | None] = {}
         self.mix = mix or DemandMix()
         self.node_term = True  # FGD's node-level term for k-GPU demand in packing costs (placement.py)
         self.frags = FragCache(self.mix)
         self._slice_cache: dict[tuple, tuple[str | None, str | None]] = {}
         self._avail_cache: dict[tuple, frozenset[str]] = {}
         self._pu_cache: dict[tuple[str, str | None], float] = {}
+        self._opt_memo: dict[tuple, tuple | None] = {}
+        self._opt_stamp: tuple | None = None
         for node in nodes:
             node = copy.deepcopy(node)
             if node.id in self.nodes:
@@ -188,6 +199,15 @@ class Pool:
             if self.slice_for(g, request)[1] is None:
                 n += 1
         return n
+
+    def option_memo(self) -> dict:
+        """placement.single_option's memo of what an option on a GPU's own layout costs, valid for one
+        demand-mix version (and one `node_term` setting)."""
+        stamp = (self.mix.version, self.node_term)
+        if self._opt_stamp != stamp or len(self._opt_memo) > 200_000:
+            self._opt_memo = {}
+            self._opt_stamp = stamp
+        return self._opt_memo
 
     def pu(self, model: str, profile: str | None) -> float:
         key = (model, profile)
@@ -322,15 +342,20 @@ class Pool:
             avail = frozenset()
         if rekey or not rec.keyed:
             rec.key, rec.keyed = self._static_key(rec), True
+            if rec.key > self.max_key:
+                self.max_key = rec.key
         rec.region = rec.node.region
         for name in avail:
-            bisect.insort(self.avail[(model, name)][rec.region], (-rec.key, rec.idx))
+            by_region = self.avail[(model, name)]
+            if rec.region not in by_region:
+                self.avail_epoch += 1  # a new index list: the scheduler's memo of lists is stale
+            bisect.insort(by_region[rec.region], (-rec.key, rec.idx))
             if name not in (WHOLE, FIXED):
                 buckets = self.by_layout[(model, name)]
                 if rec.layout not in buckets:
-                    buckets[rec.layout] = []
+                    buckets[rec.layout] = {}
                     self.layout_epoch[(model, name)] += 1
-                bisect.insort(buckets[rec.layout], (-rec.key, rec.idx))
+                bisect.insort(buckets[rec.layout].setdefault(rec.region, []), (-rec.key, rec.idx))
         rec.avail = avail
         groups = self.node_groups[rec.node.id]
         if rec.sig is not None:
@@ -380,6 +405,9 @@ class Pool:
             new = old + (1 if pfree else -1)
             self.nodes_by_pfree[old].discard(node_id)
             self.nodes_by_pfree[new].add(node_id)
+            tag = self._node_tag(rec.node)
+            self.nodes_by_kind_pfree[(tag, old)].discard(node_id)
+            self.nodes_by_kind_pfree[(tag, new)].add(node_id)
             self.node_pfree[node_id] = new
             rec.pfree = pfree
         if has_spot != rec.has_spot:
@@ -413,9 +441,25 @@ class Pool:
         else:
             self._node_fkey.pop(node_id, None)
 
-    def nodes_for_preemption(self, k: int) -> list[str]:
-        """Nodes holding spot leases with at least k GPUs that are free or hold only spot, in pool order."""
-        found = [n for c, ids in self.nodes_by_pfree.items() if c >= k for n in ids if self.node_spot[n] > 0]
+    def _node_tag(self, node: NodeState) -> str | None:
+        """The model of every GPU on the node, or None for a node with several models (GPUs never change
+        model)."""
+        if node.id not in self._tags:
+            models = {g.model for g in node.gpus}
+            self._tags[node.id] = next(iter(models)) if len(models) == 1 else None
+        return self._tags[node.id]
+
+    def nodes_for_preemption(self, k: int, models: Iterable[str] | None = None) -> list[str]:
+        """Nodes holding spot leases with at least k GPUs that are free or hold only spot, in pool order;
+        with `models`, only nodes that have a GPU of one of those models (`nodes_by_kind_pfree`)."""
+        if models is None:
+            found = [n for c, ids in self.nodes_by_pfree.items() if c >= k for n in ids if self.node_spot[n] > 0]
+        else:
+            wanted = set(models)
+            found = [n for (tag, c), ids in self.nodes_by_kind_pfree.items()
+                     if c >= k and (tag is None or tag in wanted) for n in ids if self.node_spot[n] > 0]
+            found = [n for n in found if self._tags[n] is not None  # several models: does it have one?
+                     or any(r.gpu.model in wanted for r in self.by_node[n])]
         return sorted(found, key=lambda n: self.by_node[n][0].idx)
 
     def _set_node_free(self, node_id: str, change: int) -> None:
@@ -431,13 +475,16 @@ class Pool:
 
     def _layout_remove(self, model: str, name: str, rec: GpuRecord) -> None:
         buckets = self.by_layout[(model, name)]
-        lst = buckets[rec.layout]
+        by_region = buckets[rec.layout]
+        lst = by_region[rec.region]
         i = bisect.bisect_left(lst, (-rec.key, rec.idx))
         if i < len(lst) and lst[i] == (-rec.key, rec.idx):
             del lst[i]
         if not lst:
-            del buckets[rec.layout]
-            self.layout_epoch[(model, name)] += 1
+            del by_region[rec.region]
+            if not by_region:
+                del buckets[rec.layout]
+                self.layout_epoch[(model, name)] += 1
 
     def _index_remove(self, model: str, name: str, region: str, rec: GpuRecord) -> None:
         lst = self.avail[(model, name)][region]

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from . import mig
 from .model import PlacedInstance, Request
 from .placement import Option, single_option
-from .pool import GpuRecord
+from .pool import CLASS_FIELDS, GpuRecord, node_class
 
 if TYPE_CHECKING:
     from .engine import Scheduler
@@ -100,7 +100,9 @@ def plan(sched: "Scheduler", request: Request, weights: "Weights") -> Option | N
     if request.mode == "spot":
         return None
     if request.gpu_count > 1:
-        return _plan_multi(sched, request, weights, sched.pool.nodes_for_preemption(request.gpu_count))
+        return _plan_multi(sched, request, weights,
+                           sched.pool.nodes_for_preemption(request.gpu_count,
+                                                           {m for m, _ in sched.alive_kinds(request)}))
     pool = sched.pool
     alive = sched.alive_kinds(request)
     lists = [pool.spot_lb[kind] for kind in sorted(alive) if pool.spot_lb.get(kind)]
@@ -155,10 +157,21 @@ def _plan_multi(sched: "Scheduler", request: Request, weights: "Weights", nodes:
     cache: dict = {}
     alive = sched.alive_kinds(request)
     best: tuple | None = None
+    node_ok: dict = {}  # node class -> its node-scope filters pass (they read only the class fields)
+    node_filters = [f for f in sched.filters if f.scope == "node" and f.name not in _SKIP and f.active(request)
+                    and f.node_fields is not None and set(f.node_fields) <= set(CLASS_FIELDS)]
     for node_id in nodes:
         usable: list[tuple[float, int, int, tuple[str, ...], GpuRecord]] = []
         recs = pool.by_node[node_id]
         if len(recs) < request.gpu_count or not any(r.idx in pool.spot_gpus for r in recs):
+            continue
+        if not any((r.gpu.model, r.gpu.geometry is None) in alive for r in recs):
+            continue  # cheap refusals first: no GPU of an allowed kind, or the node's class is refused
+        cls = node_class(recs[0].node)
+        ok = node_ok.get(cls)
+        if ok is None:
+            ok = node_ok[cls] = all(f.check(request, recs[0].node, recs[0].gpu, pool) is None for f in node_filters)
+        if not ok:
             continue
         if sum(1 for r in recs if all(_preemptible(i) for i in r.gpu.instances)) < request.gpu_count:
             continue  # not enough GPUs that are free or hold only spot leases

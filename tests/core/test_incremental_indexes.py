@@ -67,9 +67,14 @@ def test_reason_counts_equal_checking_every_gpu_after_any_changes(nodes, steps, 
     pool = Pool(nodes)
     sched = Scheduler(pool)
     apply(pool, sched, steps)
+    # max_candidates=0: "k GPUs on one node" is counted over the free-node buckets instead of the nodes
+    # with k free GPUs (Scheduler._per_node_bounded), whenever any node has k free GPUs
+    by_buckets = Scheduler(pool, max_candidates=0)
     for r in probes:
-        assert sched.reasons(r) == brute_force_reasons(sched, r)
-        assert sched._node_group_reasons(r) == brute_force_reasons(sched, r)
+        expected = brute_force_reasons(sched, r)
+        assert sched.reasons(r) == expected
+        assert by_buckets.reasons(r) == expected
+        assert sched._node_group_reasons(r) == expected
 
 
 @SETTINGS
@@ -89,8 +94,14 @@ def test_reason_buckets_and_spot_index_match_a_rebuild(nodes, steps):
     assert free_nodes(pool) == free_nodes(rebuilt)
     assert {k: v for k, v in pool.spot_lb.items() if v} == {k: v for k, v in rebuilt.spot_lb.items() if v}
     assert pool.spot_gpus == rebuilt.spot_gpus
+    models = sorted({r.gpu.model for r in pool.records})
     for k in (1, 2, 3):
         assert pool.nodes_for_preemption(k) == rebuilt.nodes_for_preemption(k)
+        for model in models:  # the per-model index: the nodes with a GPU of that model, from the full list
+            expected = [n for n in rebuilt.nodes_for_preemption(k)
+                        if any(r.gpu.model == model for r in rebuilt.by_node[n])]
+            assert pool.nodes_for_preemption(k, [model]) == expected
+            assert rebuilt.nodes_for_preemption(k, [model]) == expected
 
 
 @SETTINGS
@@ -117,3 +128,26 @@ def test_reasons_count_in_buckets_without_a_price_cap_and_per_node_with_one():
     assert sched._bucket_reasons(Request(memory_gb=10, max_price_per_hour=1.0)) is None  # per node instead
     assert sched.reasons(Request(whole_gpu=True, max_price_per_hour=3.7)) == {
         "price over cap 3.7/h": 4, "GPU busy": 2}  # on demand 1.8 × base: n2, n3 over the cap
+
+
+@SETTINGS
+@given(nodes=pools(), steps=changes, probes=st.lists(constrained, min_size=1, max_size=4))
+def test_memoised_options_equal_computing_them_afresh_after_any_changes(nodes, steps, probes):
+    """placement.single_option's per-pool memo (sig, layout, request size, node free count, mix version)
+    gives the option computed from scratch, for every GPU, after random places, releases and changes."""
+    from scheduler.core.placement import _single_option, single_option
+    pool = Pool(nodes)
+    sched = Scheduler(pool)
+    for r in probes:  # fill the memo before the changes, so stale entries would show
+        for rec in pool.records:
+            single_option(pool, rec.node, rec.gpu, r, idx=rec.idx)
+    apply(pool, sched, steps)
+    for r in probes:
+        for rec in pool.records:
+            for _ in range(2):  # the first call may fill the memo, the second reads it
+                got = single_option(pool, rec.node, rec.gpu, r, idx=rec.idx)
+                want = _single_option(pool, rec.node, rec.gpu, r, None, rec.idx, True)
+                assert (got is None) == (want is None)
+                if got is not None:
+                    assert (got.profile, got.start, got.pack_cost, got.price_per_hour, got.pu, got.idx) == \
+                        (want.profile, want.start, want.pack_cost, want.price_per_hour, want.pu, want.idx)

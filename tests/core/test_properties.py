@@ -138,3 +138,16 @@ def test_indexes_match_a_rebuild_after_any_sequence_of_places_and_releases(nodes
     assert all(pool.node_free[k] == rebuilt.node_free[k] for k in pool.nodes)
     assert {k: dict(v) for k, v in pool.node_groups.items()} == {k: dict(v) for k, v in rebuilt.node_groups.items()}
     assert abs(pool.free_share() - rebuilt.free_share()) < 1e-9
+
+    def avail(p):
+        return {(k, region): lst for k, by_region in p.avail.items() for region, lst in by_region.items() if lst}
+
+    def layouts(p):  # by_layout[(model, profile)][layout][region]; emptied lists and buckets are removed
+        return {(k, lay, region): lst for k, b in p.by_layout.items() for lay, by_region in b.items()
+                for region, lst in by_region.items()}
+
+    assert avail(pool) == avail(rebuilt)
+    assert layouts(pool) == layouts(rebuilt) and all(layouts(pool).values())
+    assert {k: v for k, v in pool.nodes_by_kind_pfree.items() if v and k[1]} == \
+        {k: v for k, v in rebuilt.nodes_by_kind_pfree.items() if v and k[1]}  # (model, count > 0)
+    assert pool.max_key >= max(r.key for r in pool.records)
