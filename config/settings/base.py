@@ -160,6 +160,8 @@ if FLEET["AGENT_METRICS_RATE"] * FLEET["METRICS_INTERVAL_SECONDS"] < 1.5:
 
 # --- REST API ----------------------------------------------------------------------------------
 REST_FRAMEWORK = {
+    # Writes are JSON everywhere (a form-encoded body gets 415 in the one error shape).
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "marketplace.api.auth.ApiKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
@@ -206,6 +208,9 @@ MARKET = {
     "PLACE_RETRIES": env_int("MARKET_PLACE_RETRIES", 8, minimum=0, maximum=100),
     "QUEUE_BATCH": env_int("MARKET_QUEUE_BATCH", 100, minimum=1),
     "WEBHOOK_TIMEOUT_SECONDS": env_float("MARKET_WEBHOOK_TIMEOUT_SECONDS", 5.0, minimum=0.1, maximum=30),
+    # How long a lease may take to be carved before its window counts (its holds cover it meanwhile).
+    "PROVISION_ALLOWANCE_SECONDS": env_float("MARKET_PROVISION_ALLOWANCE_SECONDS", 300.0, minimum=0,
+                                             maximum=86400),
 }
 
 LOGGING = {

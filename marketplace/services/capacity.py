@@ -105,7 +105,7 @@ def hold_window(*, mode: str, now: datetime, duration_seconds: int | None,
 
 def provision_allowance() -> float:
     """Seconds allowed for carving an instance: a lease with a duration holds its slots for duration + this."""
-    return float(settings.MARKET.get("PROVISION_ALLOWANCE_SECONDS", 300.0))
+    return float(settings.MARKET["PROVISION_ALLOWANCE_SECONDS"])
 
 
 def spot_clear_horizon() -> float:

@@ -162,3 +162,9 @@ def test_an_unknown_api_path_gets_the_json_error_shape(client):
     r = client.get("/api/v1/leases//")
     assert r.status_code == 404 and r["Content-Type"].startswith("application/json")
     assert r.json()["error"]["code"] == "not_found" and "/api/docs/" in r.json()["error"]["message"]
+
+
+def test_fleet_writes_refuse_a_form_encoded_body_and_write_nothing():
+    r = client_for(UserFactory()).post("/api/v1/nodes/", "name=rack1", content_type="application/x-www-form-urlencoded")
+    assert r.status_code == 415 and r.json()["error"]["message"]
+    assert Node.objects.count() == 0
