@@ -96,7 +96,11 @@ REDIS_URL = redis_url("REDIS_URL")
 if REDIS_URL:
     CHANNEL_LAYERS = {"default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "capacity": 2000, "expiry": 30},
+        # redis-py's asyncio pool holds 100 connections by default and raises when they are all busy; a web
+        # process with hundreds of agent and console sockets has more group sends than that in flight.
+        "CONFIG": {"hosts": [{"address": REDIS_URL,
+                              "max_connections": env_int("REDIS_MAX_CONNECTIONS", 2000, minimum=10)}],
+                   "capacity": 2000, "expiry": 30},
     }}
     CELERY_BROKER_URL = REDIS_URL
     CELERY_BROKER_TRANSPORT_OPTIONS: dict = {}
