@@ -33,6 +33,17 @@ def frames_for(hostname: str, gpus: int):
 
 async def agent(url: str, token: str | None, hostname: str, gpus: int, interval: float, clock: dict, stats: dict,
                 echo: bool, latencies: list):
+    try:
+        await _agent(url, token, hostname, gpus, interval, clock, stats, echo, latencies)
+    except websockets.exceptions.ConnectionClosed as exc:
+        # The server closed or dropped this socket mid-run: counted and reported, not a crash of the run.
+        stats["closed"] += 1
+        stats.setdefault("close_reasons", {}).setdefault(str(exc)[:80], 0)
+        stats["close_reasons"][str(exc)[:80]] += 1
+
+
+async def _agent(url: str, token: str | None, hostname: str, gpus: int, interval: float, clock: dict, stats: dict,
+                 echo: bool, latencies: list):
     hello, samples = frames_for(hostname, gpus)
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     # No keepalive pings: under saturation a late pong would close the socket and end the measurement.
@@ -63,6 +74,8 @@ async def agent(url: str, token: str | None, hostname: str, gpus: int, interval:
             else:
                 await asyncio.sleep(0)
         reading.cancel()
+        if reading.done() and not reading.cancelled() and reading.exception():
+            raise reading.exception()
 
 
 async def console(url: str, session: str, origin: str, node_ids: list[str], clock: dict, latencies: list):
@@ -85,7 +98,7 @@ async def main(args) -> dict:
     seed = json.loads(Path(args.seed).read_text())
     nodes = seed["nodes"][: args.nodes]
     clock = {"go": asyncio.Event()}
-    stats = {"connected": 0, "expected": len(nodes), "sent": 0, "echoed": 0}
+    stats = {"connected": 0, "expected": len(nodes), "sent": 0, "echoed": 0, "closed": 0}
     latencies: list[float] = []
     tasks = []
     for i, node in enumerate(nodes):
@@ -120,6 +133,7 @@ async def main(args) -> dict:
     def pct(p):
         return latencies[min(len(latencies) - 1, int(p * len(latencies)))] if latencies else None
     return {"connected": stats["connected"], "sent": stats["sent"], "echoed": stats["echoed"],
+            "closed": stats["closed"], "close_reasons": stats.get("close_reasons", {}),
             "p50": pct(0.50), "p99": pct(0.99), "n_latency": len(latencies)}
 
 

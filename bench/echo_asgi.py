@@ -15,6 +15,7 @@ import django  # noqa: E402
 
 django.setup()
 
+from channels.exceptions import ChannelFull  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.urls import path  # noqa: E402
 
@@ -30,7 +31,10 @@ class EchoConsumer(LoopConsumer):
         await self.accept()
 
     async def receive(self, text_data=None, bytes_data=None):
-        await self.channel_layer.send(self.channel_name, {"type": "echo", "text": text_data})
+        try:
+            await self.channel_layer.send(self.channel_name, {"type": "echo", "text": text_data})
+        except ChannelFull:  # a full channel drops the frame, as group_send does for the gateway
+            pass
 
     async def echo(self, message):
         global FRAMES

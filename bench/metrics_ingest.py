@@ -54,8 +54,14 @@ def run_load(stack: LiveStack, port: int, seed_file: Path, mode: str, args, inte
     a, ta = count(), time.time()
     time.sleep(max(0.0, clock["stop"] - time.time()))
     b, tb = count(), time.time()
-    out = json.loads(proc.stdout.readline())
+    line = proc.stdout.readline()
     proc.wait(timeout=60)
+    if not line:
+        raise SystemExit(f"the {mode} load process failed (exit {proc.returncode}); server log:\n"
+                         + stack.logs()[-3000:])
+    out = json.loads(line)
+    if out["closed"]:
+        print(f"  note: the server closed {out['closed']} {mode} sockets during the run: {out['close_reasons']}")
     out["ingested_per_s"] = (b - a) / (tb - ta)
     out["offered_per_s"] = args.nodes * 8 / interval if interval else None
     return out
