@@ -97,3 +97,10 @@ def test_a_bad_registration_shows_the_error_beside_the_field_and_keeps_what_was_
     r = client.post("/nodes/register/", {"name": "fresh", "region": "eu", "price_per_gpu_hour": "-5"})
     assert r.status_code == 400 and "greater than or equal to 0" in r.content.decode()
     assert Node.objects.filter(provider=provider).count() == 1
+
+
+def test_the_nodes_page_title_is_plain_text(client, provider):
+    html = client.get("/nodes/").content.decode()
+    title = re.search(r"<title>(.*?)</title>", html, re.S).group(1)
+    assert title.strip() == "My nodes · GPU Market"
+    assert html.count('id="earn-h"') == 1
