@@ -109,7 +109,9 @@ def new_page(browser, stack, request):
     def make(*, viewport=(1280, 860), javascript=True):
         ctx = browser.new_context(viewport={"width": viewport[0], "height": viewport[1]},
                                   java_script_enabled=javascript, base_url=stack.url)
-        ctx.set_default_timeout(20_000)
+        # Deadlines, not sleeps: a passing run never waits them out, and on a loaded 2-core machine the
+        # agent, worker and server share the cores with the browser, so allow them time.
+        ctx.set_default_timeout(45_000)
         contexts.append(ctx)
         page = ctx.new_page()
         page.on("dialog", lambda d: d.accept())
