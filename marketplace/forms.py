@@ -86,6 +86,8 @@ class OrderForm(forms.Form):
                                  help_text="The smallest slice with at least this much memory is chosen.")
     compute_slices = forms.IntegerField(label="Compute slices", min_value=1, max_value=8, required=False, initial=1)
     whole_gpu = forms.BooleanField(label="Whole GPU", required=False)
+    gpu_count = forms.IntegerField(label="GPUs", min_value=1, max_value=8, required=False, initial=1,
+                                   help_text="On demand and spot: this many whole GPUs on one node (one lease each).")
     region = forms.CharField(max_length=40, required=False, help_text="Empty: any region.")
     duration_hours = forms.DecimalField(label="Duration (hours)", min_value=Decimal("0.01"), max_value=Decimal("2160"),
                                         decimal_places=2, required=False, initial=Decimal("1"),
@@ -125,6 +127,9 @@ class OrderForm(forms.Form):
             for name in ("window_start", "window_end"):
                 if not data.get(name) and not self.errors.get(name):
                     self.add_error(name, "A reservation needs a window: pick its start and end.")
+        if (data.get("gpu_count") or 1) > 1 and mode in ("reserved", "resale") and not self.errors.get("gpu_count"):
+            self.add_error("gpu_count", "Several GPUs are for on demand and spot orders; a reservation is one GPU "
+                                        "or slice.")
         if mode == "spot" and not data.get("max_price_per_hour") and not self.errors.get("max_price_per_hour"):
             self.add_error("max_price_per_hour", "A spot order needs a bid: the most you pay per hour.")
         if mode == "resale" and not data.get("listing") and not self.errors.get("listing"):

@@ -25,6 +25,8 @@ class OrderCreateSerializer(serializers.Serializer):
     memory_gb = serializers.FloatField(min_value=0, max_value=1000, required=False, default=0)
     compute_slices = serializers.IntegerField(min_value=1, max_value=8, required=False, default=1)
     whole_gpu = serializers.BooleanField(required=False, default=False)
+    gpu_count = serializers.IntegerField(min_value=1, max_value=8, required=False, default=1,
+                                         help_text="k whole GPUs on one node (on demand, spot)")
     min_cuda = serializers.RegexField(VERSION, required=False, default="")
     min_compute_capability = serializers.RegexField(VERSION, required=False, default="")
     regions = serializers.ListField(child=serializers.CharField(max_length=40), required=False, max_length=20)
@@ -40,6 +42,12 @@ class OrderCreateSerializer(serializers.Serializer):
     listing = serializers.UUIDField(required=False, allow_null=True)
     project = serializers.IntegerField(required=False, allow_null=True, help_text="one of your projects")
 
+    def validate(self, attrs):
+        if attrs.get("gpu_count", 1) > 1 and "whole_gpu" in self.initial_data and not attrs.get("whole_gpu"):
+            raise serializers.ValidationError({"gpu_count": ["gpu_count > 1 means whole GPUs: whole_gpu cannot be "
+                                                             "false"]})
+        return attrs
+
     def spec(self) -> OrderSpec:
         d = dict(self.validated_data)
         d["listing_id"] = d.pop("listing", None)
@@ -54,7 +62,7 @@ class OrderSerializer(serializers.ModelSerializer):
     class Meta:
         model = Order
         fields = ["id", "mode", "state", "if_unavailable", "gpu_models", "memory_gb", "compute_slices", "whole_gpu",
-                  "min_cuda", "min_compute_capability", "regions", "duration_seconds", "window_start", "window_end",
+                  "gpu_count", "min_cuda", "min_compute_capability", "regions", "duration_seconds", "window_start", "window_end",
                   "max_price_per_hour", "priority", "webhook_url", "listing", "project", "price_per_hour", "total_price",
                   "reasons", "explain", "attempts", "created_at", "placed_at", "leases", "reservations"]
         read_only_fields = fields

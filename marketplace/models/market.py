@@ -44,6 +44,8 @@ class Order(models.Model):
     memory_gb = models.FloatField(default=0)
     compute_slices = models.PositiveSmallIntegerField(default=1)
     whole_gpu = models.BooleanField(default=False)
+    gpu_count = models.PositiveSmallIntegerField(
+        default=1, help_text="k whole GPUs on one node (on demand, spot); one lease per GPU")
     min_cuda = models.CharField(max_length=10, blank=True)
     min_compute_capability = models.CharField(max_length=8, blank=True)
     regions = models.JSONField(default=list, blank=True)
@@ -78,6 +80,7 @@ class Order(models.Model):
                                    name="order_price_cap_nonnegative"),
             models.CheckConstraint(condition=Q(duration_seconds__isnull=True) | Q(duration_seconds__gt=0),
                                    name="order_duration_positive"),
+            models.CheckConstraint(condition=Q(gpu_count__gte=1) & Q(gpu_count__lte=8), name="order_gpu_count_1_to_8"),
         ]
 
     def __str__(self) -> str:

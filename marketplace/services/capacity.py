@@ -143,7 +143,8 @@ def request_for(order: Order) -> Request:
     mode = {Mode.RESERVED: "reserved", Mode.SPOT: "spot"}.get(order.mode, "on_demand")
     return Request(
         models=frozenset(order.gpu_models) or None, memory_gb=order.memory_gb,
-        compute_slices=order.compute_slices, whole_gpu=order.whole_gpu, gpu_count=1,
+        compute_slices=order.compute_slices, whole_gpu=order.whole_gpu or order.gpu_count > 1,
+        gpu_count=order.gpu_count or 1,
         min_cuda=order.min_cuda or None, min_compute_capability=order.min_compute_capability or None,
         regions=frozenset(order.regions) or None, buyer_region=order.buyer_region or None, mode=mode,
         max_price_per_hour=float(order.max_price_per_hour) if order.max_price_per_hour is not None else None,

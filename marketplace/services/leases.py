@@ -35,6 +35,9 @@ def connection_facts(lease: Lease) -> dict | None:
             "env": {"CUDA_VISIBLE_DEVICES": sl.cuda_visible_devices}}
 
 
+SIBLING_FAILED = "another GPU of the order failed"
+
+
 def _event(lease: Lease, kind: str, **extra) -> dict:
     return {"type": kind, "lease": str(lease.pk), "state": lease.state, "mode": lease.mode, **extra}
 
@@ -94,17 +97,17 @@ def on_slice_failed(*, sl: Slice, at: datetime, reason: str) -> None:
     lease = Lease.objects.select_for_update().filter(slice=sl, state__in=Lease.OPEN_STATES).first()
     if lease is None:
         return
+    # A GPU of a k-GPU order already ended because a sibling failed: the order was dealt with then.
+    sibling_ended = lease.end_reason == SIBLING_FAILED
     lease.state, lease.ended_at, lease.end_reason = Lease.State.FAILED, at, "provisioning failed"
     lease.save(update_fields=["state", "ended_at", "end_reason"])
     if lease.reservation_id is not None:
         from .reservations import reservation_lost
 
         reservation_lost(reservation_id=lease.reservation_id)
-    for txn in LedgerTransaction.objects.filter(lease_id=lease.pk, kind="usage"):
-        if ledger.refundable(original=txn)[1] > 0:  # what an operator refunded already is not given twice
-            ledger.refund(original=txn, idempotency_key=f"refund:{txn.pk}",
-                          memo=f"provisioning failed: {reason}"[:400])
-    if lease.order_id and lease.mode in (Mode.ON_DEMAND, Mode.SPOT):
+    _refund_usage(lease.pk, memo=f"provisioning failed: {reason}")
+    if lease.order_id and lease.mode in (Mode.ON_DEMAND, Mode.SPOT) and not sibling_ended:
+        _end_siblings(lease, at=at, reason=reason)
         # Lock the order: the race is the buyer cancelling it while it goes back to the queue.
         order = Order.objects.select_for_update().get(pk=lease.order_id)
         requeue = order.if_unavailable == Order.IfUnavailable.QUEUE
@@ -114,6 +117,24 @@ def on_slice_failed(*, sl: Slice, at: datetime, reason: str) -> None:
     event = _event(lease, "lease_failed", reason=reason)
     tell_buyer(lease.buyer_id, event)
     notify_webhook(user_id=lease.buyer_id, kind="lease_failed", payload=event, order_webhook=_order_webhook(lease))
+
+
+def _refund_usage(lease_id, *, memo: str) -> None:
+    for txn in LedgerTransaction.objects.filter(lease_id=lease_id, kind="usage"):
+        if ledger.refundable(original=txn)[1] > 0:  # what an operator refunded already is not given twice
+            ledger.refund(original=txn, idempotency_key=f"refund:{txn.pk}", memo=memo[:400])
+
+
+def _end_siblings(lease: Lease, *, at: datetime, reason: str) -> None:
+    """A k-GPU order is all or nothing: when one of its GPUs fails to provision, the others end and whatever
+    they were charged is refunded (the buyer asked for the k GPUs together)."""
+    siblings = (Lease.objects.filter(order_id=lease.order_id, state__in=Lease.OPEN_STATES)
+                .exclude(pk=lease.pk).order_by("pk").values_list("id", flat=True))
+    for sibling_id in list(siblings):
+        sibling = _locked(sibling_id)
+        if sibling.state in (Lease.State.RUNNING, Lease.State.PROVISIONING, Lease.State.INTERRUPTING):
+            _stop(sibling, reason=SIBLING_FAILED, at=at)
+        _refund_usage(sibling.pk, memo=f"another GPU of the order failed to provision: {reason}")
 
 
 def on_slice_destroyed(*, sl: Slice, at: datetime) -> None:

@@ -33,6 +33,7 @@ class OrderSpec:
     memory_gb: float = 0
     compute_slices: int = 1
     whole_gpu: bool = False
+    gpu_count: int = 1
     min_cuda: str = ""
     min_compute_capability: str = ""
     regions: list[str] | tuple = ()
@@ -62,6 +63,15 @@ def _check(spec: OrderSpec, now: datetime) -> None:
         raise DomainError("memory_gb is between 0 and 1000", field="memory_gb")
     if spec.compute_slices < 1 or spec.compute_slices > 8:
         raise DomainError("compute_slices is between 1 and 8", field="compute_slices")
+    if isinstance(spec.gpu_count, bool) or not isinstance(spec.gpu_count, int) or not 1 <= spec.gpu_count <= 8:
+        raise DomainError("gpu_count is between 1 and 8", field="gpu_count")
+    if spec.gpu_count > 1:
+        if spec.mode in (Mode.RESERVED, Mode.RESALE):
+            raise DomainError(f"a {Mode(spec.mode).label} order is one GPU or slice: gpu_count must be 1",
+                              field="gpu_count")
+        if spec.compute_slices != 1:
+            raise DomainError("gpu_count > 1 means whole GPUs: leave compute_slices out (a MIG slice request)",
+                              field="gpu_count")
     if spec.duration_seconds is not None and not (0 < spec.duration_seconds <= market("MAX_DURATION_SECONDS")):
         raise DomainError(f"duration_seconds is between 1 and {market('MAX_DURATION_SECONDS')}",
                           field="duration_seconds")
@@ -115,7 +125,8 @@ def order_place(*, buyer, spec: OrderSpec, now: datetime | None = None) -> Order
     with transaction.atomic():
         order = Order.objects.create(
             buyer=buyer, mode=spec.mode, if_unavailable=spec.if_unavailable, gpu_models=list(spec.gpu_models),
-            memory_gb=spec.memory_gb, compute_slices=spec.compute_slices, whole_gpu=spec.whole_gpu,
+            memory_gb=spec.memory_gb, compute_slices=spec.compute_slices,
+            whole_gpu=spec.whole_gpu or spec.gpu_count > 1, gpu_count=spec.gpu_count,
             min_cuda=spec.min_cuda, min_compute_capability=spec.min_compute_capability, regions=list(spec.regions),
             buyer_region=spec.buyer_region, duration_seconds=spec.duration_seconds, window_start=spec.window_start,
             window_end=spec.window_end, max_price_per_hour=spec.max_price_per_hour, priority=spec.priority,
@@ -148,6 +159,7 @@ def _try_place(*, order: Order, now: datetime, first: bool = False) -> bool:
         if cap is None:
             raise DomainError("no GPU in the catalog can serve this order, so there is no on-demand price to "
                               "cap a bid against", field="max_price_per_hour")
+        cap = cap * order.gpu_count  # the bid is for all k GPUs together, as the engine compares it
         if order.max_price_per_hour > cap:
             raise DomainError(f"a bid above the on-demand price ({cap}/h) is refused: order on demand instead",
                               field="max_price_per_hour")
@@ -156,7 +168,7 @@ def _try_place(*, order: Order, now: datetime, first: bool = False) -> bool:
                                            holds_for=capacity.holds_for_order(order=order, now=now),
                                            retries=market("PLACE_RETRIES"), allow_preemption=allow_preemption)
     if slices:
-        _open_lease(order=order, sl=slices[0], now=now, first=first)
+        _open_leases(order=order, slices=slices, now=now)
         return True
     order.reasons, order.explain = decision.reasons, decision.explain()[:500]
     if decision.ok and decision.preempt:
@@ -172,9 +184,7 @@ def _try_place(*, order: Order, now: datetime, first: bool = False) -> bool:
     return False
 
 
-def _open_lease(*, order: Order, sl, now: datetime, first: bool) -> None:
-    from .leases import lease_open
-
+def _slice_price(*, order: Order, sl) -> Decimal:
     gpu = sl.gpu
     geometry, node = gpu.geometry(), gpu.node
     profile = sl.profile or None
@@ -182,21 +192,30 @@ def _open_lease(*, order: Order, sl, now: datetime, first: bool) -> None:
         from .spot import spot_factor_for
 
         factor = spot_factor_for(model=gpu.gpu_model.key)
-        price = capacity.spot_price(node=node, geometry=geometry, profile=profile, factor=factor)
-    else:
-        price = capacity.on_demand_price(node=node, geometry=geometry, profile=profile)
+        return capacity.spot_price(node=node, geometry=geometry, profile=profile, factor=factor)
+    return capacity.on_demand_price(node=node, geometry=geometry, profile=profile)
+
+
+def _open_leases(*, order: Order, slices: list, now: datetime) -> None:
+    """One lease per claimed slice (k GPUs: k leases), after one wallet check for all of them."""
+    from .leases import lease_open
+
+    prices = [_slice_price(order=order, sl=sl) for sl in slices]
+    price = sum(prices, Decimal("0"))
     needed = capacity.cents(price * Decimal(str(market("MIN_PREPAID_SECONDS"))) / 3600)
     if ledger.wallet_balance(user=order.buyer) < needed:
-        # Nothing of this attempt may stay: the slice claim is undone with the order's transaction.
+        # Nothing of this attempt may stay: the slice claims are undone with the order's transaction.
         raise ledger.InsufficientFunds(
             f"Not enough money in the wallet: {needed} USD covers the first "
-            f"{int(market('MIN_PREPAID_SECONDS') // 60)} minutes at {price}/h.", details={"needed": str(needed)})
+            f"{int(market('MIN_PREPAID_SECONDS') // 60)} minutes at {price}/h"
+            + (f" for {len(slices)} GPUs" if len(slices) > 1 else "") + ".", details={"needed": str(needed)})
     # Provisional end while the instance is carved: the duration counts from running (leases.running_ends_at);
     # until then the lease holds its slots for the duration plus the provisioning allowance, as its holds did.
     ends_at = (now + timedelta(seconds=order.duration_seconds + capacity.provision_allowance())
                if order.duration_seconds else None)
-    lease_open(order=order, buyer=order.buyer, sl=sl, mode=order.mode, price_per_hour=price, ends_at=ends_at,
-               bid=order.max_price_per_hour if order.mode == Mode.SPOT else None, now=now)
+    for sl, p in zip(slices, prices):
+        lease_open(order=order, buyer=order.buyer, sl=sl, mode=order.mode, price_per_hour=p, ends_at=ends_at,
+                   bid=order.max_price_per_hour if order.mode == Mode.SPOT else None, now=now)
     order.state, order.placed_at, order.price_per_hour = Order.State.PLACED, now, price
     order.reasons, order.explain = {}, ""
     order.save(update_fields=["state", "placed_at", "price_per_hour", "reasons", "explain", "attempts"])

@@ -28,6 +28,7 @@ from .common import add_domain_error, is_htmx, mark_invalid
 FIELDS = {"gpu_models": "gpu_model", "regions": "region", "duration_seconds": "duration_hours",
           "listing": "listing", "window_start": "window_start", "window_end": "window_end",
           "max_price_per_hour": "max_price_per_hour", "memory_gb": "memory_gb", "compute_slices": "compute_slices",
+          "gpu_count": "gpu_count",
           "mode": "mode", "if_unavailable": "if_unavailable", "starts_at": "listing", "webhook_url": "webhook_url"}
 CALENDAR_DAYS = 7
 
@@ -155,7 +156,9 @@ def _spec(form: OrderForm) -> order_services.OrderSpec:
     return order_services.OrderSpec(
         mode=mode, gpu_models=[d["gpu_model"]] if d.get("gpu_model") else [],
         memory_gb=float(d.get("memory_gb") or 0), compute_slices=d.get("compute_slices") or 1,
-        whole_gpu=bool(d.get("whole_gpu")), regions=[d["region"]] if d.get("region") else [],
+        whole_gpu=bool(d.get("whole_gpu")),
+        gpu_count=(d.get("gpu_count") or 1) if mode in (Mode.ON_DEMAND, Mode.SPOT) else 1,
+        regions=[d["region"]] if d.get("region") else [],
         duration_seconds=int(hours * 3600) if hours and mode in (Mode.ON_DEMAND, Mode.SPOT) else None,
         window_start=d.get("window_start") if mode == Mode.RESERVED else None,
         window_end=d.get("window_end") if mode == Mode.RESERVED else None,

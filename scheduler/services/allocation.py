@@ -135,10 +135,11 @@ def decide(*, snapshot: Snapshot, request: Request, allow_preemption: bool = Tru
 
 
 def claim(*, snapshot: Snapshot, decision: Decision, holds_for: HoldsFor | None = None) -> list[Slice]:
-    """Carve the decision's slices. Raises Conflict when the race for the GPU was lost (nothing written)."""
+    """Carve the decision's slices (k GPUs: k slices, all or none). Raises Conflict when the race for any GPU
+    was lost (nothing written). The GPU rows are locked in pk order, so two k-GPU claims cannot deadlock."""
     out = []
     with transaction.atomic():
-        for p in decision.placements:
+        for p in sorted(decision.placements, key=lambda p: snapshot.gpu_ids[p.gpu_uuid]):
             gpu_id = snapshot.gpu_ids[p.gpu_uuid]
             # Lock the GPU row: the race is a reservation booked, or a slice carved, on these slots between
             # our snapshot and this claim; the holds and the layout are read again under the lock.

@@ -439,3 +439,29 @@ def test_a_webhook_url_to_this_machine_or_a_private_network_gets_an_error_beside
     html = r.content.decode()
     assert r.status_code == 400 and 'id="id_notify-webhook_url_error"' in html and f'value="{url}"' in html
     assert not NotificationSettings.objects.exists()
+
+
+def test_the_order_form_takes_a_number_of_gpus_and_opens_one_lease_per_gpu(client, fleet, buyer):
+    fleet.node("l4:2", price="1.00")
+    top_up(buyer, "50")
+    assert 'name="gpu_count"' in client.get("/order/").content.decode()
+    r = client.post("/order/", {"mode": "on_demand", "gpu_model": "l4", "memory_gb": "10", "compute_slices": "1",
+                                "gpu_count": "2", "duration_hours": "1", "if_unavailable": "fail"})
+    assert r.status_code == 302, r.content.decode()[:2000]
+    order = Order.objects.get(buyer=buyer)
+    assert order.gpu_count == 2 and order.leases.count() == 2
+
+
+def test_a_bad_number_of_gpus_shows_its_error_beside_the_field_and_writes_nothing(client, fleet, buyer):
+    fleet.node("l4:2", price="1.00")
+    top_up(buyer, "50")
+    r = client.post("/order/", {"mode": "on_demand", "gpu_model": "l4", "memory_gb": "10", "compute_slices": "1",
+                                "gpu_count": "9", "duration_hours": "1", "if_unavailable": "fail"})
+    assert r.status_code == 400 and 'id="id_gpu_count_error"' in r.content.decode()
+    start = timezone.now() + timedelta(hours=3)
+    r = client.post("/order/", {"mode": "reserved", "gpu_model": "l4", "memory_gb": "10", "compute_slices": "1",
+                                "gpu_count": "2", "window_start": start.strftime("%Y-%m-%dT%H:%M"),
+                                "window_end": (start + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M"),
+                                "if_unavailable": "fail"})
+    assert r.status_code == 400 and 'id="id_gpu_count_error"' in r.content.decode()
+    assert not Order.objects.exists() and not Lease.objects.exists()
