@@ -66,26 +66,12 @@
     tick();
   }
 
-  let retry = 500;
-  function connect() {
-    const ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws/console/");
-    ws.onopen = () => { retry = 500; ws.send(JSON.stringify({ subscribe: { lease: leaseId } })); };
-    ws.onmessage = (e) => {
-      const msg = JSON.parse(e.data);
-      if (msg.type === "subscribed") {
-        stateEl.textContent = "live";
-        document.body.dispatchEvent(new Event("lease-changed")); // anything missed before the socket opened
-      } else if (msg.type === "metrics") onMetrics(msg);
-      else if (msg.type === "market" && msg.event && msg.event.lease === leaseId) {
-        if (msg.event.type === "interruption") showNotice(msg.event);
-        document.body.dispatchEvent(new Event("lease-changed"));
-      } else if (msg.type === "error") stateEl.textContent = msg.message;
-    };
-    ws.onclose = () => {
-      stateEl.textContent = "reconnecting…";
-      setTimeout(connect, retry + Math.random() * retry);
-      retry = Math.min(retry * 2, 15000);
-    };
-  }
-  connect();
+  window.consoleSocket({ lease: leaseId }, stateEl, (msg) => {
+    if (msg.type === "subscribed") document.body.dispatchEvent(new Event("lease-changed")); // anything missed before
+    else if (msg.type === "metrics") onMetrics(msg);
+    else if (msg.type === "market" && msg.event && msg.event.lease === leaseId) {
+      if (msg.event.type === "interruption") showNotice(msg.event);
+      document.body.dispatchEvent(new Event("lease-changed"));
+    }
+  });
 })();

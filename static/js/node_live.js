@@ -73,33 +73,17 @@
     root.dataset.samples = String(times.length);
   }
 
-  let retry = 500;
-  function connect() {
-    const proto = location.protocol === "https:" ? "wss://" : "ws://";
-    const ws = new WebSocket(proto + location.host + "/ws/console/");
-    ws.onopen = () => { retry = 500; ws.send(JSON.stringify({ subscribe: { node: nodeId } })); };
-    ws.onmessage = (ev) => {
-      const msg = JSON.parse(ev.data);
-      if (msg.type === "subscribed") {
-        stateEl.textContent = "live";
-        // Whatever changed between rendering the page and subscribing: fetch the table (and status) once.
-        document.body.dispatchEvent(new Event("fleet-changed"));
+  window.consoleSocket({ node: nodeId }, stateEl, (msg) => {
+    // Whatever changed between rendering the page and subscribing: fetch the table (and status) once.
+    if (msg.type === "subscribed") document.body.dispatchEvent(new Event("fleet-changed"));
+    else if (msg.type === "metrics") onMetrics(msg);
+    else if (msg.type === "changed") {
+      if (msg.change && msg.change.status) {
+        const pill = document.getElementById("node-status");
+        pill.textContent = msg.change.status; pill.className = "pill " + msg.change.status;
       }
-      else if (msg.type === "metrics") onMetrics(msg);
-      else if (msg.type === "changed") {
-        if (msg.change && msg.change.status) {
-          const pill = document.getElementById("node-status");
-          pill.textContent = msg.change.status; pill.className = "pill " + msg.change.status;
-        }
-        document.body.dispatchEvent(new Event("fleet-changed"));
-      } else if (msg.type === "error") stateEl.textContent = msg.message;
-    };
-    ws.onclose = () => {
-      stateEl.textContent = "reconnecting…";
-      setTimeout(connect, retry + Math.random() * retry);
-      retry = Math.min(retry * 2, 15000);
-    };
-  }
-  connect();
+      document.body.dispatchEvent(new Event("fleet-changed"));
+    }
+  });
   window.addEventListener("resize", () => { if (gpuOrder.length) build(); });
 })();

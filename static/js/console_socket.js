@@ -1,0 +1,22 @@
+// The console websocket of the live pages: subscribe once open, show its state in stateEl ("live", an error,
+// "reconnecting…"), reconnect with jittered backoff. Every message also goes to onMessage.
+window.consoleSocket = function (subscribe, stateEl, onMessage) {
+  "use strict";
+  let retry = 500;
+  function connect() {
+    const ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws/console/");
+    ws.onopen = () => { retry = 500; ws.send(JSON.stringify({ subscribe: subscribe })); };
+    ws.onmessage = (e) => {
+      const msg = JSON.parse(e.data);
+      if (msg.type === "subscribed") stateEl.textContent = "live";
+      else if (msg.type === "error") stateEl.textContent = msg.message;
+      onMessage(msg);
+    };
+    ws.onclose = () => {
+      stateEl.textContent = "reconnecting…";
+      setTimeout(connect, retry + Math.random() * retry);
+      retry = Math.min(retry * 2, 15000);
+    };
+  }
+  connect();
+};
