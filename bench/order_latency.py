@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -29,13 +28,9 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from tests.e2e.livestack import LiveStack, free_port, wait_until  # noqa: E402
 POLL = 0.002
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Api:
@@ -77,7 +72,6 @@ def main() -> int:
            "DJANGO_DEBUG": "0", "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY", "bench-only-secret"),
            "API_THROTTLE_USER": "10000000/min", "LOG_LEVEL": "WARNING", "PYTHONUNBUFFERED": "1"}
     os.environ.update(env)
-    sys.path.insert(0, str(ROOT))
     import django
 
     django.setup()
@@ -112,12 +106,7 @@ def main() -> int:
         py = sys.executable
         start("web", [py, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
                       "--ws", "websockets-sansio", "--log-level", "warning"])
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
+        wait_until(lambda: LiveStack._port_open_at(port), timeout=30, what="the web server")
         for i, token in enumerate(tokens):
             start(f"agent-{i}", [py, "-m", "nodeagent", "--server", f"ws://127.0.0.1:{port}/ws/agent/",
                                  "--simulate", "h100-80gb:8", "--hostname", f"bench-{i}.local", "--seed", str(i)],
