@@ -21,13 +21,10 @@ from . import __version__, protocol
 from .backends.base import Backend
 from .backoff import Backoff
 from .commands import CommandLog
+from .protocol import CLOSE_FORBIDDEN, CLOSE_REPLACED, CLOSE_UNAUTHORISED
 
 log = logging.getLogger(__name__)
 
-CLOSE_BAD_FRAME = 4400
-CLOSE_UNAUTHORISED = 4401
-CLOSE_FORBIDDEN = 4403
-CLOSE_REPLACED = 4409
 EXIT_OK = 0
 EXIT_REJECTED = 3  # the server refused this agent's token
 EXIT_REPLACED = 4  # another agent connected with this node's token and took over

@@ -46,6 +46,12 @@ E_PLACEMENT = "illegal_placement"
 E_NOT_SUPPORTED = "not_supported"
 E_INTERNAL = "internal"
 
+# Websocket close codes the server ends an agent's socket with.
+CLOSE_BAD_FRAME = 4400  # malformed frames (or persistent flooding)
+CLOSE_UNAUTHORISED = 4401  # unknown, missing or rotated token
+CLOSE_FORBIDDEN = 4403  # a hello naming another node's GPU
+CLOSE_REPLACED = 4409  # a newer connection of the same node took over
+
 MAX_FRAME_BYTES = 1 << 20
 MAX_GPUS_PER_NODE = 64
 # What the server's columns hold: a value past these would fail the write of a whole batch (every node's

@@ -30,7 +30,8 @@ from .relay import RELAY
 
 log = logging.getLogger(__name__)
 
-CLOSE_BAD_FRAME, CLOSE_UNAUTHORISED, CLOSE_FORBIDDEN, CLOSE_REPLACED = 4400, 4401, 4403, 4409
+CLOSE_BAD_FRAME, CLOSE_UNAUTHORISED = protocol.CLOSE_BAD_FRAME, protocol.CLOSE_UNAUTHORISED
+CLOSE_FORBIDDEN, CLOSE_REPLACED = protocol.CLOSE_FORBIDDEN, protocol.CLOSE_REPLACED
 MAX_BAD_FRAMES = 10  # after this many malformed frames on one socket, the agent is broken: close it
 
 
