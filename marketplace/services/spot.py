@@ -123,13 +123,15 @@ def spot_prices_recompute(*, now: datetime | None = None) -> int:
                               price_per_gpu_hour=(base * Decimal("1.8") * factor).quantize(Decimal("0.000001"))))
     SpotPrice.objects.bulk_create(rows)
     for lease in (Lease.objects.filter(mode=Mode.SPOT, state__in=[Lease.State.RUNNING, Lease.State.PROVISIONING])
-                  .select_related("slice__gpu__node", "slice__gpu__gpu_model")):
+                  .select_related("slice__gpu__node", "slice__gpu__gpu_model", "order")):
         gpu = lease.slice.gpu
         factor = factors.get(gpu.gpu_model.key if gpu.gpu_model else "")
         if factor is None:
             continue
         new = spot_price(node=gpu.node, geometry=gpu.geometry(), profile=lease.slice.profile or None, factor=factor)
-        if lease.bid_per_hour is not None and new > lease.bid_per_hour:
+        # A k-GPU order's bid (each lease's bid_per_hour) is for its k GPUs together, k alike on one node.
+        k = lease.order.gpu_count if lease.order is not None else 1
+        if lease.bid_per_hour is not None and new * k > lease.bid_per_hour:
             spot_interrupt(lease_id=lease.pk, kind=Interruption.Kind.PRICE, now=now)
         elif new != lease.price_per_hour:
             _reprice(lease_id=lease.pk, price=new, now=now)

@@ -142,3 +142,20 @@ def test_when_one_of_the_gpus_fails_to_provision_the_others_end_and_are_refunded
     from tests.marketplace.marketsim import wallet
 
     assert wallet(buyer) == 50 and ledger.ledger_check() == []
+
+
+def test_a_two_gpu_spot_bid_covers_both_gpus_so_a_price_rise_past_it_interrupts_them(fleet):
+    # The bid is for the k GPUs together (as the engine and the bid cap compare it): 2.00/h buys two L4s at
+    # 0.90 each when the pool is free; once they fill it, spot goes to 1.26 each, 2.52 > 2.00 for the pair.
+    from marketplace.services import spot
+
+    fleet.node("l4:2", price="1.00")
+    buyer = UserFactory()
+    top_up(buyer, "50")
+    spot.spot_prices_recompute()
+    r = client_for(buyer).post("/api/v1/orders/", {"mode": "spot", "gpu_count": 2, "max_price_per_hour": "2.00",
+                                                   "duration_seconds": 3600}, format="json")
+    assert r.status_code == 201, r.content
+    fleet.play()
+    spot.spot_prices_recompute()
+    assert set(Lease.objects.filter(order_id=r.json()["id"]).values_list("state", flat=True)) == {"interrupting"}
