@@ -82,7 +82,7 @@ def node_gpus_fragment(request, node_id):
 def gpu_health(request, node_id, gpu_id):
     """Cordon or uncordon one of the provider's GPUs (a plain POST; htmx swaps the GPU table)."""
     node = _node_or_404(request, node_id)
-    gpu = next((g for g in fleet_selectors.node_gpus(node=node) if g.pk == gpu_id), None)
+    gpu = node.gpus.filter(pk=gpu_id, present=True).first()  # one row; the table is re-read after the change
     if gpu is None:
         raise Http404("no such GPU on this node")
     action = request.POST.get("action")
