@@ -14,6 +14,7 @@ from django.utils import timezone
 
 from marketplace.models import Interruption, Lease, Mode, SpotBid, SpotPrice
 from marketplace.services import ledger
+from scheduler.core import pricing
 from scheduler.core.model import Request
 from scheduler.core.mig import MigGeometry, smallest_fitting_profile
 from scheduler.models import Gpu, Node
@@ -116,11 +117,12 @@ def spot_prices_recompute(*, now: datetime | None = None) -> int:
     factors: dict[str, Decimal] = {}
     rows = []
     for model, recs in snap.pool.by_model.items():
-        factor = spot_factor_now(free_share=snap.pool.free_share(model))
-        factors[model] = factor
+        free = snap.pool.free_share(model)
+        factor = factors[model] = spot_factor_now(free_share=free)
         base = Decimal(str(statistics.median(r.node.price_per_gpu_hour for r in recs)))
-        rows.append(SpotPrice(gpu_model=model, at=now, factor=factor, free_share=snap.pool.free_share(model),
-                              price_per_gpu_hour=(base * Decimal("1.8") * factor).quantize(Decimal("0.000001"))))
+        od_factor = Decimal(str(pricing.ON_DEMAND_FACTOR))
+        rows.append(SpotPrice(gpu_model=model, at=now, factor=factor, free_share=free,
+                              price_per_gpu_hour=(base * od_factor * factor).quantize(Decimal("0.000001"))))
     SpotPrice.objects.bulk_create(rows)
     for lease in (Lease.objects.filter(mode=Mode.SPOT, state__in=[Lease.State.RUNNING, Lease.State.PROVISIONING])
                   .select_related("slice__gpu__node", "slice__gpu__gpu_model", "order")):
