@@ -79,8 +79,8 @@ def main() -> int:
 
     from django.core.management import call_command
 
-    from marketplace.services import ledger
-    from marketplace.services.apikeys import api_key_create
+    from marketplace.money import ledger
+    from marketplace.products.apikeys import api_key_create
     from scheduler.models import Node
     from scheduler.services import nodes as node_services
     from tests.factories import UserFactory

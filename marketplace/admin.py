@@ -14,7 +14,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke the selected API keys")
     def revoke(self, request, queryset):
-        from marketplace.services.apikeys import api_key_revoke
+        from marketplace.products.apikeys import api_key_revoke
 
         keys = list(queryset.filter(revoked_at__isnull=True).values_list("pk", "user_id"))
         for pk, user_id in keys:
@@ -25,8 +25,8 @@ class ApiKeyAdmin(admin.ModelAdmin):
 # --- Money: the ledger is append-only, so its admin is read-only; payments can be refunded. -------------
 from django.contrib import messages  # noqa: E402
 
-from marketplace.models import (Account, LedgerEntry, LedgerTransaction, Payment, Project,  # noqa: E402
-                                StripeEvent, UsageRecord)
+from marketplace.models import (Account, LedgerCheck, LedgerEntry, LedgerTransaction, Payment,  # noqa: E402
+                                Project, StripeEvent, UsageRecord)
 from scheduler.errors import DomainError  # noqa: E402
 
 
@@ -59,7 +59,7 @@ class AccountAdmin(ReadOnlyAdmin):
 
 class LedgerEntryInline(admin.TabularInline):
     model = LedgerEntry
-    fields = ["account", "amount", "created_at"]
+    fields = ["account", "amount", "project", "created_at"]
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -82,10 +82,39 @@ class LedgerTransactionAdmin(ReadOnlyAdmin):
 
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(ReadOnlyAdmin):
-    list_display = ["created_at", "account", "amount", "transaction"]
+    list_display = ["created_at", "account", "amount", "project", "transaction"]
     list_filter = ["account__kind"]
     search_fields = ["account__user__username", "transaction__memo"]
     list_select_related = ["account", "account__user", "transaction"]
+
+
+@admin.register(LedgerCheck)
+class LedgerCheckAdmin(ReadOnlyAdmin):
+    """Reconciliations of the ledger (beat, every MARKET_LEDGER_CHECK_SECONDS); "Check now" runs one."""
+
+    list_display = ["ran_at", "ok", "problem_count", "accounts", "entries", "seconds"]
+    list_filter = ["ok"]
+    readonly_fields = ["ran_at", "ok", "problems", "accounts", "entries", "seconds"]
+    actions = ["check_now"]
+
+    @admin.display(description="problems")
+    def problem_count(self, obj: LedgerCheck) -> int:
+        return len(obj.problems)
+
+    @admin.action(description="Check the ledger now")
+    def check_now(self, request, queryset):
+        from marketplace.money.check import ledger_check_run
+
+        check = ledger_check_run()
+        level = messages.SUCCESS if check.ok else messages.ERROR
+        self.message_user(request, str(check) + ("" if check.ok else f": {check.problems[0]}"), level)
+
+    def changelist_view(self, request, extra_context=None):
+        latest = LedgerCheck.objects.first()
+        if latest is not None and not latest.ok:
+            self.message_user(request, f"The last ledger check found {len(latest.problems)} problems: "
+                                       f"{latest.problems[0]}", messages.ERROR)
+        return super().changelist_view(request, extra_context)
 
 
 @admin.register(Payment)
@@ -98,7 +127,7 @@ class PaymentAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Refund the unspent part to the card", permissions=["refund"])
     def refund(self, request, queryset):
-        from marketplace.services.payments import payment_refund
+        from marketplace.products.payments import payment_refund
 
         for payment in queryset:
             try:
@@ -144,7 +173,7 @@ class OrderAdmin(admin.ModelAdmin):
 
     @admin.action(description="Cancel the selected orders (queued: cancelled; placed on demand/spot: lease ended)")
     def cancel_orders(self, request, queryset):
-        from marketplace.services.orders import order_cancel
+        from marketplace.products.orders import order_cancel
 
         done = 0
         for order in queryset:
@@ -168,7 +197,7 @@ class LeaseAdmin(admin.ModelAdmin):
 
     @admin.action(description="End the selected leases (billing stops now, the instance is destroyed)")
     def end_leases(self, request, queryset):
-        from marketplace.services.leases import lease_end
+        from marketplace.lifecycle.leases import lease_end
 
         for lease in queryset:
             lease_end(lease_id=lease.pk, reason="ended by an operator")
@@ -209,7 +238,7 @@ class ResaleListingAdmin(admin.ModelAdmin):
 
     @admin.action(description="Withdraw the selected open listings")
     def withdraw(self, request, queryset):
-        from marketplace.services.resale import listing_cancel
+        from marketplace.products.resale import listing_cancel
 
         done = 0
         for listing in queryset.filter(state=ResaleListing.State.OPEN).select_related("seller"):

@@ -7,5 +7,8 @@ class MarketplaceConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # The fleet announces slice and node changes; the market follows its leases from them.
-        from marketplace.services import receivers  # noqa: F401
+        # The fleet tells the market what happened to capacity through one port; the lifecycle answers.
+        from marketplace.lifecycle.port import FleetFacts
+        from scheduler.ports import register_market
+
+        register_market(FleetFacts())

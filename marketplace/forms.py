@@ -4,8 +4,10 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django import forms
+from django.core.validators import MaxValueValidator
 
-from marketplace.selectors.catalog import SORTS
+from marketplace.products.catalog import SORTS
+from marketplace.products.orders import ORDER_BOUNDS, max_duration_seconds
 
 VERSION = r"^\d{1,3}(\.\d{1,3}){0,2}$"
 
@@ -51,7 +53,7 @@ assert {s.lstrip("-") for s, _ in SORT_CHOICES} <= SORTS
 
 
 class CatalogFilterForm(forms.Form):
-    """Every filter of the catalog selector (marketplace.selectors.catalog.Filters)."""
+    """Every filter of the catalog selector (marketplace.products.catalog.Filters)."""
 
     gpu_model = forms.ChoiceField(label="GPU model", required=False)
     min_memory_gb = forms.FloatField(label="Min memory (GB)", min_value=0, max_value=1000, required=False)
@@ -82,21 +84,27 @@ class OrderForm(forms.Form):
 
     mode = forms.ChoiceField(choices=ORDER_MODES, widget=forms.RadioSelect, initial="on_demand")
     gpu_model = forms.ChoiceField(label="GPU model", required=False)
-    memory_gb = forms.FloatField(label="Memory (GB)", min_value=0, max_value=1000, required=False, initial=10,
+    memory_gb = forms.FloatField(label="Memory (GB)", min_value=ORDER_BOUNDS["memory_gb"][0],
+                                 max_value=ORDER_BOUNDS["memory_gb"][1], required=False, initial=10,
                                  help_text="The smallest slice with at least this much memory is chosen.")
-    compute_slices = forms.IntegerField(label="Compute slices", min_value=1, max_value=8, required=False, initial=1)
+    compute_slices = forms.IntegerField(label="Compute slices", min_value=ORDER_BOUNDS["compute_slices"][0],
+                                        max_value=ORDER_BOUNDS["compute_slices"][1], required=False, initial=1)
     whole_gpu = forms.BooleanField(label="Whole GPU", required=False)
-    gpu_count = forms.IntegerField(label="GPUs", min_value=1, max_value=8, required=False, initial=1,
-                                   help_text="On demand and spot: this many whole GPUs on one node (one lease each).")
+    gpu_count = forms.IntegerField(label="GPUs", min_value=ORDER_BOUNDS["gpu_count"][0],
+                                   max_value=ORDER_BOUNDS["gpu_count"][1], required=False, initial=1,
+                                   help_text="On demand and spot: this many whole GPUs on one node (one lease "
+                                             "each); tick Whole GPU.")
     region = forms.CharField(max_length=40, required=False, help_text="Empty: any region.")
-    duration_hours = forms.DecimalField(label="Duration (hours)", min_value=Decimal("0.01"), max_value=Decimal("2160"),
-                                        decimal_places=2, required=False, initial=Decimal("1"),
+    duration_hours = forms.DecimalField(label="Duration (hours)", min_value=Decimal("0.01"), decimal_places=2,
+                                        required=False, initial=Decimal("1"),
                                         help_text="On demand and spot: the lease ends then (you can end it earlier).")
     window_start = forms.DateTimeField(label="Window start (UTC)", required=False,
                                        widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
     window_end = forms.DateTimeField(label="Window end (UTC)", required=False,
                                      widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
-    max_price_per_hour = forms.DecimalField(label="Max price per hour (USD)", min_value=Decimal("0"), max_digits=12,
+    max_price_per_hour = forms.DecimalField(label="Max price per hour (USD)",
+                                            min_value=ORDER_BOUNDS["max_price_per_hour"][0],
+                                            max_value=ORDER_BOUNDS["max_price_per_hour"][1], max_digits=12,
                                             decimal_places=6, required=False,
                                             help_text="On demand: a cap. Spot: your bid (required).")
     listing = forms.UUIDField(label="Resale listing", required=False, help_text="Pick one on the Resale page.")
@@ -113,6 +121,10 @@ class OrderForm(forms.Form):
     def __init__(self, *args, user=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["gpu_model"].choices = model_choices()
+        hours = self.fields["duration_hours"]
+        hours.max_value = Decimal(max_duration_seconds()) / 3600
+        hours.validators.append(MaxValueValidator(hours.max_value))
+        hours.widget.attrs["max"] = str(hours.max_value)
         from marketplace.models import Project
 
         projects = Project.objects.filter(user=user).order_by("name") if user is not None else []

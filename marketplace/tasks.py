@@ -1,12 +1,16 @@
-"""Celery tasks of the market; each is a thin call of a service, guarded by state so a redelivery is harmless."""
+"""Celery tasks of the market; each is a thin call of a service, guarded by state so a redelivery is harmless.
+Below this layer tasks are queued by name (events.run_task), never imported."""
 from celery import shared_task
 
-from marketplace.services import leases, metering, notify, orders, spot
+from marketplace import events
+from marketplace.lifecycle import leases
+from marketplace.money import check
+from marketplace.products import orders, reservations, spot
 
 
 @shared_task(name="market.meter")
 def meter() -> int:
-    return metering.meter_tick()
+    return leases.meter_tick()
 
 
 @shared_task(name="market.retry_queue")
@@ -24,6 +28,16 @@ def lease_tick() -> int:
     return leases.leases_tick()
 
 
-@shared_task(name="market.deliver_webhook", ignore_result=True)
+@shared_task(name="market.reservations_tick")
+def reservations_tick() -> None:
+    reservations.reservations_tick()
+
+
+@shared_task(name=events.DELIVER_WEBHOOK, ignore_result=True)
 def deliver_webhook(url: str, payload: dict) -> bool:
-    return notify.webhook_post(url=url, payload=payload)
+    return events.webhook_post(url=url, payload=payload)
+
+
+@shared_task(name="money.ledger_check")
+def ledger_check() -> bool:
+    return check.ledger_check_run().ok

@@ -199,8 +199,15 @@ MARKET = {
     # Notice given to spot leases preempted for a higher class's order (less than the above = a credit).
     "PREEMPT_NOTICE_SECONDS": env_float("MARKET_PREEMPT_NOTICE_SECONDS", 120.0, minimum=0),
     "SHORT_NOTICE_CREDIT_HOURS": env_decimal("MARKET_SHORT_NOTICE_CREDIT_HOURS", "1", minimum=Decimal("0")),
+    # Price factors on base × share (DESIGN §5; scheduler.core.pricing.PriceRules is the one rule).
+    "ON_DEMAND_FACTOR": env_decimal("MARKET_ON_DEMAND_FACTOR", "1.8", minimum=Decimal("0"), maximum=100),
+    "RESERVED_FACTOR": env_decimal("MARKET_RESERVED_FACTOR", "0.85", minimum=Decimal("0"), maximum=100),
+    "RESERVED_SHORT_NOTICE_FACTOR": env_decimal("MARKET_RESERVED_SHORT_NOTICE_FACTOR", "1.0",
+                                                minimum=Decimal("0"), maximum=100),
+    "SPOT_MIN_FACTOR": env_decimal("MARKET_SPOT_MIN_FACTOR", "0.5", minimum=Decimal("0"), maximum=100),
+    "SPOT_MAX_FACTOR": env_decimal("MARKET_SPOT_MAX_FACTOR", "0.7", minimum=Decimal("0"), maximum=100),
+    "RESALE_CAP": env_decimal("MARKET_RESALE_CAP", "0.9", minimum=Decimal("0"), maximum=1),  # of base: never above it
     "RESERVED_AHEAD_SECONDS": env_float("MARKET_RESERVED_AHEAD_SECONDS", 3600.0, minimum=0),
-    "RESALE_CAP": env_decimal("MARKET_RESALE_CAP", "0.90", minimum=Decimal("0"), maximum=1),
     "MAX_DURATION_SECONDS": env_int("MARKET_MAX_DURATION_SECONDS", 90 * 86400, minimum=60),
     "MIN_PREPAID_SECONDS": env_float("MARKET_MIN_PREPAID_SECONDS", 600.0, minimum=0),
     "BALANCE_WARN_SECONDS": env_float("MARKET_BALANCE_WARN_SECONDS", 900.0, minimum=0),
@@ -215,6 +222,10 @@ MARKET = {
     # How long a lease may take to be carved before its window counts (its holds cover it meanwhile).
     "PROVISION_ALLOWANCE_SECONDS": env_float("MARKET_PROVISION_ALLOWANCE_SECONDS", 300.0, minimum=0,
                                              maximum=86400),
+    # Read paths (catalog, order preview) reuse one pool snapshot this long; claims re-check under locks.
+    "SNAPSHOT_TTL_SECONDS": env_float("MARKET_SNAPSHOT_TTL_SECONDS", 2.0, minimum=0, maximum=60),
+    # How often the ledger is reconciled in production (balances against entries; admin + log on a miss).
+    "LEDGER_CHECK_SECONDS": env_float("MARKET_LEDGER_CHECK_SECONDS", 3600.0, minimum=10),
 }
 
 LOGGING = {
@@ -233,6 +244,8 @@ CELERY_BEAT_SCHEDULE = {
     "market-retry-queue": {"task": "market.retry_queue", "schedule": MARKET["QUEUE_SECONDS"]},
     "market-spot-prices": {"task": "market.spot_prices", "schedule": MARKET["SPOT_PRICE_SECONDS"]},
     "market-lease-tick": {"task": "market.lease_tick", "schedule": MARKET["LEASE_TICK_SECONDS"]},
+    "market-reservations": {"task": "market.reservations_tick", "schedule": MARKET["LEASE_TICK_SECONDS"]},
+    "money-ledger-check": {"task": "money.ledger_check", "schedule": MARKET["LEDGER_CHECK_SECONDS"]},
 }
 SPECTACULAR_SETTINGS.update({"SWAGGER_UI_DIST": "SIDECAR", "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
                              "REDOC_DIST": "SIDECAR"})

@@ -5,11 +5,13 @@ os.environ.setdefault("DJANGO_SECRET_KEY", "test-secret-key-not-for-production")
 os.environ.setdefault("DJANGO_DEBUG", "0")
 
 from .base import *  # noqa: E402,F401,F403
-from .base import DATABASES, REST_FRAMEWORK  # noqa: E402
+from .base import DATABASES, MARKET, REST_FRAMEWORK  # noqa: E402
 
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 CELERY_TASK_ALWAYS_EAGER = True
 CELERY_TASK_EAGER_PROPAGATES = True
+# Tests read what they just wrote: no shared snapshot outlives a call (tests of the cache set their own TTL).
+MARKET = {**MARKET, "SNAPSHOT_TTL_SECONDS": 0.0}
 REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"user": "100000/min", "anon": "100000/min"}}
 if DATABASES["default"]["ENGINE"].endswith("postgresql"):
     # Connections held by worker threads (database_sync_to_async) would keep the test database open.

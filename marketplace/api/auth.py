@@ -1,7 +1,7 @@
 """`Authorization: Bearer gpm_key_...` authentication for scripts."""
 from rest_framework import authentication, exceptions
 
-from marketplace.services.apikeys import api_key_user
+from marketplace.products.apikeys import api_key_user
 
 
 class ApiKeyAuthentication(authentication.BaseAuthentication):

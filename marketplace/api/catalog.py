@@ -6,7 +6,7 @@ from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from marketplace.selectors.catalog import SORTS, Filters, Offer, offer_list
+from marketplace.products.catalog import SORTS, Filters, Offer, offer_list
 
 from .market import VERSION
 

@@ -3,6 +3,7 @@ bids. Thin: parse, call one service or selector, shape. A buyer's querysets hold
 someone else's id is a 404. Writes take JSON only (anything else is a 415)."""
 from __future__ import annotations
 
+from django.utils import timezone
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny
@@ -10,43 +11,48 @@ from rest_framework.response import Response
 
 from marketplace.api.json_only import JsonWrites
 from marketplace.models import Lease, Mode, Order, Reservation, ResaleListing, SpotBid, SpotPrice
-from marketplace.selectors import market as selectors
-from marketplace.services import leases as lease_services
-from marketplace.services import orders as order_services
-from marketplace.services import resale as resale_services
-from marketplace.services.orders import OrderSpec
+from marketplace import metering, selectors
+from marketplace.amounts import micro
+from marketplace.lifecycle import leases as lease_services
+from marketplace.products import orders as order_services
+from marketplace.products import resale as resale_services
+from marketplace.products.orders import ORDER_BOUNDS, OrderSpec
 
 VERSION = r"^\d{1,3}(\.\d{1,3}){0,2}$"
 
 
+def _bounds(name: str) -> dict:
+    low, high = ORDER_BOUNDS[name]
+    return {k: v for k, v in (("min_value", low), ("max_value", high)) if v is not None}
+
+
 class OrderCreateSerializer(serializers.Serializer):
+    """The order body; its bounds are products.orders.ORDER_BOUNDS, which the service enforces too."""
+
     mode = serializers.ChoiceField(choices=Mode.choices)
-    gpu_models = serializers.ListField(child=serializers.CharField(max_length=40), required=False, max_length=20)
-    memory_gb = serializers.FloatField(min_value=0, max_value=1000, required=False, default=0)
-    compute_slices = serializers.IntegerField(min_value=1, max_value=8, required=False, default=1)
-    whole_gpu = serializers.BooleanField(required=False, default=False)
-    gpu_count = serializers.IntegerField(min_value=1, max_value=8, required=False, default=1,
-                                         help_text="k whole GPUs on one node (on demand, spot)")
+    gpu_models = serializers.ListField(child=serializers.CharField(max_length=40), required=False,
+                                       max_length=ORDER_BOUNDS["gpu_models"][1])
+    memory_gb = serializers.FloatField(required=False, default=0, **_bounds("memory_gb"))
+    compute_slices = serializers.IntegerField(required=False, **_bounds("compute_slices"),
+                                              help_text="compute slices of a MIG slice (default 1)")
+    whole_gpu = serializers.BooleanField(required=False, help_text="a whole GPU (default: a slice, unless gpu_count > 1)")
+    gpu_count = serializers.IntegerField(required=False, default=1, **_bounds("gpu_count"),
+                                         help_text="k whole GPUs on one node (on demand, spot); needs whole_gpu")
     min_cuda = serializers.RegexField(VERSION, required=False, default="")
     min_compute_capability = serializers.RegexField(VERSION, required=False, default="")
-    regions = serializers.ListField(child=serializers.CharField(max_length=40), required=False, max_length=20)
+    regions = serializers.ListField(child=serializers.CharField(max_length=40), required=False,
+                                    max_length=ORDER_BOUNDS["regions"][1])
     buyer_region = serializers.CharField(max_length=40, required=False, default="")
-    duration_seconds = serializers.IntegerField(min_value=1, required=False, allow_null=True)
+    duration_seconds = serializers.IntegerField(required=False, allow_null=True, **_bounds("duration_seconds"))
     window_start = serializers.DateTimeField(required=False, allow_null=True)
     window_end = serializers.DateTimeField(required=False, allow_null=True)
-    max_price_per_hour = serializers.DecimalField(max_digits=12, decimal_places=6, min_value=0, required=False,
-                                                  allow_null=True)
-    priority = serializers.IntegerField(min_value=-100, max_value=100, required=False, default=0)
+    max_price_per_hour = serializers.DecimalField(max_digits=12, decimal_places=6, required=False, allow_null=True,
+                                                  **_bounds("max_price_per_hour"))
+    priority = serializers.IntegerField(required=False, default=0, **_bounds("priority"))
     if_unavailable = serializers.ChoiceField(choices=Order.IfUnavailable.choices, required=False, default="fail")
     webhook_url = serializers.URLField(max_length=300, required=False, default="", allow_blank=True)
     listing = serializers.UUIDField(required=False, allow_null=True)
     project = serializers.IntegerField(required=False, allow_null=True, help_text="one of your projects")
-
-    def validate(self, attrs):
-        if attrs.get("gpu_count", 1) > 1 and "whole_gpu" in self.initial_data and not attrs.get("whole_gpu"):
-            raise serializers.ValidationError({"gpu_count": ["gpu_count > 1 means whole GPUs: whole_gpu cannot be "
-                                                             "false"]})
-        return attrs
 
     def spec(self) -> OrderSpec:
         d = dict(self.validated_data)
@@ -80,16 +86,21 @@ class LeaseSerializer(serializers.ModelSerializer):
     region = serializers.CharField(source="slice.gpu.node.region")
     connection = serializers.SerializerMethodField()
     interruption = serializers.SerializerMethodField()
+    cost = serializers.SerializerMethodField(help_text="what it has cost so far, to the micro-dollar (charged or "
+                                                       "not yet)")
 
     class Meta:
         model = Lease
         fields = ["id", "order", "reservation", "mode", "state", "gpu_model", "profile", "region", "price_per_hour",
-                  "bid_per_hour", "started_at", "ends_at", "ended_at", "end_reason", "billed_until", "cost_charged",
-                  "connection", "interruption", "created_at"]
+                  "bid_per_hour", "started_at", "ends_at", "ended_at", "end_reason", "cost", "billed_until",
+                  "cost_charged", "connection", "interruption", "created_at"]
         read_only_fields = fields
 
     def get_profile(self, lease: Lease) -> str:
         return lease.slice.profile or "whole"
+
+    def get_cost(self, lease: Lease) -> str:
+        return str(micro(metering.cost_at(lease, timezone.now())))
 
     def get_connection(self, lease: Lease) -> dict | None:
         return lease_services.connection_facts(lease)

@@ -13,8 +13,10 @@ from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from marketplace.api.json_only import JsonWrites
+from marketplace.amounts import CENT, MICRO
 from marketplace.models import Account, LedgerEntry, Payment, Project, UsageRecord
-from marketplace.services import ledger, payments, projects, statements
+from marketplace.money import ledger, statements
+from marketplace.products import payments, projects
 from scheduler.errors import DomainError
 
 
@@ -40,18 +42,19 @@ class TransactionSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     kind = serializers.CharField()
     memo = serializers.CharField()
-    project = serializers.IntegerField(source="project_id", allow_null=True)
     lease_id = serializers.UUIDField(allow_null=True)
     order_id = serializers.UUIDField(allow_null=True)
 
 
 class LedgerEntrySerializer(serializers.ModelSerializer):
     account = serializers.CharField(source="account.kind")
+    project = serializers.IntegerField(source="project_id", allow_null=True,
+                                       help_text="the project this line is booked under (yours)")
     transaction = TransactionSerializer()
 
     class Meta:
         model = LedgerEntry
-        fields = ["id", "account", "amount", "transaction", "created_at"]
+        fields = ["id", "account", "amount", "project", "transaction", "created_at"]
         read_only_fields = fields
 
 
@@ -74,7 +77,7 @@ class TopUpSerializer(serializers.Serializer):
 
 
 class RefundSerializer(serializers.Serializer):
-    amount = serializers.DecimalField(max_digits=12, decimal_places=2, min_value=payments.CENT, required=False,
+    amount = serializers.DecimalField(max_digits=12, decimal_places=2, min_value=CENT, required=False,
                                       help_text="default: all that is left of the top-up")
 
 
@@ -106,6 +109,9 @@ def _instant(value: str, name: str, *, end: bool = False) -> datetime:
     return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
 
 
+ZERO_MICRO = MICRO * 0
+
+
 class WalletViewSet(viewsets.ViewSet):
     """GET: the wallet balance, the earnings balance and the latest movements of the wallet."""
 
@@ -113,9 +119,9 @@ class WalletViewSet(viewsets.ViewSet):
         accounts = dict(Account.objects.filter(user=request.user).values_list("kind", "balance"))
         recent = (LedgerEntry.objects.filter(account__user=request.user, account__kind=Account.Kind.WALLET)
                   .select_related("transaction", "account").order_by("-created_at", "-pk")[:20])
-        wallet = accounts.get(Account.Kind.WALLET, ledger.MICRO * 0)
+        wallet = accounts.get(Account.Kind.WALLET, ZERO_MICRO)
         return Response({"currency": "usd", "balance": str(wallet), "balance_usd": statements.cents(wallet),
-                         "earnings_balance": str(accounts.get(Account.Kind.EARNINGS, ledger.MICRO * 0)),
+                         "earnings_balance": str(accounts.get(Account.Kind.EARNINGS, ZERO_MICRO)),
                          "recent_entries": LedgerEntrySerializer(recent, many=True).data})
 
 
@@ -139,7 +145,7 @@ class LedgerEntryViewSet(viewsets.ReadOnlyModelViewSet):
         if params.get("until"):
             qs = qs.filter(created_at__lte=_instant(params["until"], "until", end=True))
         if params.get("project"):
-            qs = qs.filter(transaction__project=statements.user_project(user=self.request.user,
+            qs = qs.filter(project=statements.user_project(user=self.request.user,
                                                                         project_id=params["project"]))
         return qs
 

@@ -5,7 +5,7 @@ from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
-from marketplace.services.payments import webhook_receive
+from marketplace.products.payments import webhook_receive
 from scheduler.errors import DomainError
 
 

@@ -1,9 +1,10 @@
 """Market models, split by domain: accounts (API keys), billing (money), market (orders, leases, ...)."""
 from .accounts import ApiKey, NotificationSettings
-from .billing import Account, LedgerEntry, LedgerTransaction, Payment, Project, StripeEvent, UsageRecord
+from .billing import (Account, LedgerCheck, LedgerEntry, LedgerTransaction, Payment, Project, StripeEvent,
+                      UsageRecord)
 
 __all__ = ["ApiKey", "NotificationSettings"]
-__all__ += ["Account", "LedgerEntry", "LedgerTransaction", "Payment", "Project", "StripeEvent", "UsageRecord"]
+__all__ += ["Account", "LedgerCheck", "LedgerEntry", "LedgerTransaction", "Payment", "Project", "StripeEvent", "UsageRecord"]
 from .market import (Interruption, Lease, Mode, Order, Reservation, ResaleListing, SpotBid,  # noqa: E402
                      SpotPrice)
 

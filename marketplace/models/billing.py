@@ -102,6 +102,9 @@ class LedgerEntry(models.Model):
     transaction = models.ForeignKey(LedgerTransaction, related_name="entries", on_delete=models.PROTECT)
     account = models.ForeignKey(Account, related_name="entries", on_delete=models.PROTECT)
     amount = models.DecimalField(**MONEY)  # what it adds to the account's balance; entries of a transaction sum to 0
+    # The project this line belongs to: the transaction's, except where a transfer between two users books
+    # each side under its own (a resale), and never the buyer's on a provider's earnings line.
+    project = models.ForeignKey(Project, null=True, blank=True, related_name="entries", on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -167,7 +170,8 @@ class StripeEvent(models.Model):
 
 
 class UsageRecord(models.Model):
-    """What one lease used in one minute and what it cost; charged by the ledger transaction it points to."""
+    """What one lease used in one minute and what it cost; written by metering with the charge it points to
+    (a charge spans one minute, or several when ticks were missed, shared over them to the micro-dollar)."""
 
     lease_id = models.UUIDField()
     order_id = models.UUIDField(null=True, blank=True, db_index=True)
@@ -199,3 +203,21 @@ class UsageRecord(models.Model):
 
     def __str__(self) -> str:
         return f"{self.lease_id} {self.minute:%Y-%m-%d %H:%M} {self.seconds}s {self.amount}"
+
+
+class LedgerCheck(models.Model):
+    """One reconciliation of the ledger (money/check.py, run by beat): every balance against its entries and
+    every transaction summing to zero. Operators see the problems in the admin; they are logged as errors."""
+
+    ran_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    ok = models.BooleanField()
+    problems = models.JSONField(default=list, blank=True)
+    accounts = models.PositiveIntegerField(default=0)
+    entries = models.PositiveBigIntegerField(default=0)
+    seconds = models.FloatField(default=0)
+
+    class Meta:
+        ordering = ["-ran_at"]
+
+    def __str__(self) -> str:
+        return f"ledger check {self.ran_at:%Y-%m-%d %H:%M}: {'ok' if self.ok else f'{len(self.problems)} problems'}"

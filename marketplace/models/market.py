@@ -1,6 +1,6 @@
 """The market: orders, the leases they become, reserved windows, spot bids and prices, resale, interruptions.
 
-Money is not here: charges go through marketplace.services.ledger, whose transactions point back at a
+Money is not here: charges go through marketplace.money (the ledger), whose transactions point back at a
 lease or order by plain UUID. Capacity invariants live in the database too: a lease holds one slice at
 most once (one-to-one), windows end after they start, prices are never negative, and on PostgreSQL an
 exclusion constraint (migration 0004) forbids two live reservations on overlapping memory slices of one
@@ -62,7 +62,7 @@ class Order(models.Model):
     listing = models.ForeignKey("ResaleListing", null=True, blank=True, related_name="orders",
                                 on_delete=models.PROTECT)
     price_per_hour = models.DecimalField(max_digits=12, decimal_places=6, null=True, blank=True)
-    total_price = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    total_price = models.DecimalField(max_digits=18, decimal_places=6, null=True, blank=True)
     reasons = models.JSONField(default=dict, blank=True, help_text="why it is waiting: GPUs refused per reason")
     explain = models.CharField(max_length=500, blank=True)
     preempt_until = models.DateTimeField(null=True, blank=True, help_text="waiting for spot leases to leave")
@@ -88,7 +88,8 @@ class Order(models.Model):
 
 
 class Reservation(models.Model):
-    """A booked window on one GPU's memory slices [slot_start, slot_end) with a fixed profile and start."""
+    """A booked window on one GPU's memory slices [slot_start, slot_end) with a fixed profile and start
+    (scheduler.core.slots.Slots: a GPU that is not split holds every slot, 0..64)."""
 
     class State(models.TextChoices):
         BOOKED = "booked", "booked"
@@ -110,7 +111,7 @@ class Reservation(models.Model):
     starts_at = models.DateTimeField(db_index=True)
     ends_at = models.DateTimeField(db_index=True)
     price_per_hour = models.DecimalField(max_digits=12, decimal_places=6)
-    price_total = models.DecimalField(max_digits=14, decimal_places=2)
+    price_total = models.DecimalField(max_digits=18, decimal_places=6, help_text="paid when booked (micro-dollars)")
     state = models.CharField(max_length=10, choices=State.choices, default=State.BOOKED, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -155,6 +156,10 @@ class Lease(models.Model):
     ended_at = models.DateTimeField(null=True, blank=True)
     end_reason = models.CharField(max_length=40, blank=True)
     metered = models.BooleanField(default=True, help_text="billed per second while running")
+    # Metering (metering.py): the exact cost of [start, accrued_until) is cost_accrued; the seconds after it
+    # cost price_per_hour each, so nothing is written per tick. The ledger has charged cost_charged for
+    # [start, billed_until), posted once a minute and at the end.
+    accrued_until = models.DateTimeField(null=True, blank=True)
     billed_until = models.DateTimeField(null=True, blank=True)
     cost_accrued = models.DecimalField(max_digits=18, decimal_places=8, default=Decimal("0"))
     cost_charged = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal("0"),
@@ -195,11 +200,11 @@ class SpotBid(models.Model):
 
 
 class SpotPrice(models.Model):
-    """One point of a model's spot price history: the factor on on-demand and the pool's free share."""
+    """One point of a model's spot price history: the factor on base and the pool's free share."""
 
     gpu_model = models.CharField(max_length=40, db_index=True)
     at = models.DateTimeField(db_index=True)
-    factor = models.DecimalField(max_digits=6, decimal_places=4, help_text="share of the on-demand price")
+    factor = models.DecimalField(max_digits=6, decimal_places=4, help_text="share of the base price")
     free_share = models.FloatField()
     price_per_gpu_hour = models.DecimalField(max_digits=12, decimal_places=6,
                                              help_text="spot price of a whole GPU at the median base price")
@@ -212,7 +217,7 @@ class SpotPrice(models.Model):
 
 
 class ResaleListing(models.Model):
-    """A future window of a reservation offered by its holder, at an ask capped at 90% of on demand."""
+    """A future window of a reservation offered by its holder, at an ask capped at RESALE_CAP (0.9) × base."""
 
     class State(models.TextChoices):
         OPEN = "open", "open"
@@ -225,7 +230,7 @@ class ResaleListing(models.Model):
     starts_at = models.DateTimeField()
     ends_at = models.DateTimeField()
     ask_per_hour = models.DecimalField(max_digits=12, decimal_places=6)
-    price_total = models.DecimalField(max_digits=14, decimal_places=2)
+    price_total = models.DecimalField(max_digits=18, decimal_places=6)
     # Denormalised for the public list's filters.
     gpu_model = models.CharField(max_length=40, db_index=True)
     profile = models.CharField(max_length=30, blank=True)
@@ -235,7 +240,7 @@ class ResaleListing(models.Model):
                               on_delete=models.PROTECT)
     sold_reservation = models.OneToOneField(Reservation, null=True, blank=True, related_name="bought_from",
                                             on_delete=models.PROTECT)
-    fee = models.DecimalField(max_digits=14, decimal_places=2, null=True, blank=True)
+    fee = models.DecimalField(max_digits=18, decimal_places=6, null=True, blank=True)
     sold_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -263,7 +268,7 @@ class Interruption(models.Model):
     deadline = models.DateTimeField()
     notice_seconds = models.FloatField()
     required_notice_seconds = models.FloatField()
-    credited = models.DecimalField(max_digits=14, decimal_places=2, default=Decimal("0"))
+    credited = models.DecimalField(max_digits=18, decimal_places=6, default=Decimal("0"))
     gpu_model = models.CharField(max_length=40, db_index=True)
     profile = models.CharField(max_length=30, blank=True)
     region = models.CharField(max_length=40)

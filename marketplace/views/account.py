@@ -7,7 +7,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from marketplace.models import ApiKey, Project
-from marketplace.services import apikeys, notifications, projects
+from marketplace import notifications
+from marketplace.products import apikeys, projects
 from scheduler.errors import DomainError
 
 from ..forms import ApiKeyForm, NotificationSettingsForm, ProjectForm

@@ -1,6 +1,6 @@
 """Billing: balance, top-up with Stripe.js, the ledger with filters, monthly statements per project (CSV
-too) and spending charts by project and by GPU model. Money moves only through marketplace.services
-(payments, ledger); this module reads and renders."""
+too) and spending charts by project and by GPU model. Money moves only through marketplace.money
+(through products/payments.py); this module reads and renders."""
 from __future__ import annotations
 
 import csv
@@ -16,7 +16,8 @@ from django.shortcuts import render
 from django.views.decorators.http import require_POST
 
 from marketplace.models import Account, LedgerEntry, Payment, Project
-from marketplace.services import ledger, payments, statements
+from marketplace.money import ledger, statements
+from marketplace.products import payments
 from scheduler.errors import DomainError
 
 from ..forms import LedgerFilterForm, TopUpForm
@@ -45,7 +46,7 @@ def _ledger(request, form: LedgerFilterForm):
         if d.get("until"):
             qs = qs.filter(created_at__lte=datetime.combine(d["until"], time.max, tzinfo=dt_timezone.utc))
         if d.get("project"):
-            qs = qs.filter(transaction__project_id=d["project"])
+            qs = qs.filter(project_id=d["project"])
     else:
         mark_invalid(form)
     return qs

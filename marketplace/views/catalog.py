@@ -10,8 +10,8 @@ from django.http import Http404
 from django.shortcuts import render
 from django.utils import timezone
 
-from marketplace.selectors import market as market_selectors
-from marketplace.selectors.catalog import Filters, offer_list
+from marketplace import selectors as market_selectors
+from marketplace.products.catalog import Filters, offer_list
 
 from ..forms import CatalogFilterForm
 from .common import is_htmx, mark_invalid

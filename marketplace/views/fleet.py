@@ -26,7 +26,7 @@ def _earnings_over_time(user, months: int = 6) -> dict:
     from datetime import date
     from decimal import Decimal
 
-    from marketplace.services import statements
+    from marketplace.money import statements
 
     today = date.today()
     labels = []

@@ -1,5 +1,5 @@
 """My leases: each lease's state, connection facts, cost so far (ticking live), live charts of its GPU and
-interruption notices with a countdown. Ending a lease goes through marketplace.services.leases.lease_end."""
+interruption notices with a countdown. Ending a lease goes through marketplace.lifecycle.leases.lease_end."""
 from __future__ import annotations
 
 from django.contrib import messages
@@ -11,10 +11,12 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from marketplace.models import Lease, Order
-from marketplace.selectors import market as market_selectors
-from marketplace.services import leases as lease_services
-from marketplace.services import ledger
-from marketplace.services import orders as order_services
+from marketplace import metering
+from marketplace import selectors as market_selectors
+from marketplace.amounts import micro
+from marketplace.lifecycle import leases as lease_services
+from marketplace.money import ledger
+from marketplace.products import orders as order_services
 from scheduler.errors import DomainError
 
 PAGE = 50
@@ -27,8 +29,9 @@ def _lease_or_404(request, lease_id) -> Lease:
     return lease
 
 
-def _row(lease: Lease) -> dict:
+def _row(lease: Lease, now=None) -> dict:
     return {"lease": lease, "facts": lease_services.connection_facts(lease),
+            "cost": micro(metering.cost_at(lease, now or timezone.now())),
             "interruption": getattr(lease, "interruption", None), "profile": lease.slice.profile or "whole",
             "open": lease.state in Lease.OPEN_STATES}
 

@@ -1,5 +1,5 @@
 """Reservations (calendar and list) with 'list for resale' and its cap, and the public resale market with
-filters and one-step purchase. Writes go through marketplace.services.resale."""
+filters and one-step purchase. Writes go through marketplace.products.resale."""
 from __future__ import annotations
 
 from datetime import datetime, time, timedelta
@@ -13,9 +13,9 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from marketplace.models import Reservation, ResaleListing
-from marketplace.selectors import market as market_selectors
-from marketplace.services import ledger
-from marketplace.services import resale as resale_services
+from marketplace import selectors as market_selectors
+from marketplace.money import ledger
+from marketplace.products import resale as resale_services
 from scheduler.errors import DomainError
 
 from ..forms import ListForResaleForm, ResaleFilterForm

@@ -9,15 +9,14 @@ make is legal) and plan preemption the same way; they differ only in which legal
 - `NaiveScan`: the seed article's pseudo-code kept as written, bugs included: score every candidate with
   0.4/price + 0.3/latency + 0.3·(1 − utilisation), multiply every score by 1.5 when "the pool" is under 20%
   (the same factor on every score changes no ranking), take the last of an ascending sort, first legal
-  start. Its companion `naive_queue_order` sorts a queue by priority ascending, so the least important
-  request goes first (the seed's second snippet).
+  start.
 """
 from __future__ import annotations
 
 import dataclasses
 import random
 from collections import defaultdict
-from typing import Callable, Sequence
+from typing import Callable
 
 from . import mig, preemption
 from .engine import Pool, Scheduler
@@ -157,11 +156,6 @@ class NaiveScan(BaselinePolicy):
             scored = [(s * 1.5, o) for s, o in scored]
         best = sorted(scored, key=lambda t: t[0])[-1]
         return best[1], best[0]
-
-
-def naive_queue_order(requests: Sequence[Request]) -> list[Request]:
-    """The seed's queue order, bug kept: ascending priority, so the least important request goes first."""
-    return sorted(requests, key=lambda r: r.priority)
 
 
 POLICIES: dict[str, Callable[[Pool], object]] = {

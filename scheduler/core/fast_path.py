@@ -54,8 +54,8 @@ class FastSearch:
         """Index lists that can hold a fitting GPU, each with the latency term of its region (some may be
         empty now). Memoised per request shape until the pool creates a new index list (`avail_epoch`)."""
         alive = self.alive_kinds(request)
-        key = (alive, request.memory_gb, request.compute_slices, request.wants_whole, request.regions,
-               request.buyer_region)
+        key = (alive, request.memory_gb, request.compute_slices, request.wants_whole, request.profile,
+               request.regions, request.buyer_region)
         hit = self._lists_memo.get(key)
         if hit is not None and hit[0] == self.pool.avail_epoch:
             return hit[1]
@@ -85,7 +85,10 @@ class FastSearch:
         return out
 
     def _fitting(self, model: str, g: mig.MigGeometry, request: Request) -> mig.MigProfile | None:
-        """`mig.smallest_fitting_profile` for the request's memory and compute, memoised per model."""
+        """`mig.smallest_fitting_profile` for the request's memory and compute (or its pinned profile),
+        memoised per model."""
+        if request.profile is not None:
+            return g.profile(request.profile) if g.has_profile(request.profile) else None
         key = (model, request.memory_gb, request.compute_slices)
         try:
             return self._fit_memo[key]

@@ -110,7 +110,7 @@ class FilterChecks:
         key = None
         if all(type(f) in _MODEL_FILTERS for f in lead):
             key = (request.models, request.min_compute_capability, request.memory_gb, request.compute_slices,
-                   request.wants_whole)
+                   request.wants_whole, request.profile)
             hit = self._kinds_memo.get(key)
             if hit is not None:
                 if counts is not None:

@@ -20,7 +20,7 @@ from typing import Literal, Protocol
 
 from .gpus import GpuModelSpec
 from .model import GpuState, NodeState, Request
-from .pricing import slice_price, slice_share
+from .pricing import slice_share
 
 Scope = Literal["model", "node", "gpu"]
 
@@ -43,6 +43,7 @@ class PoolView(Protocol):
     def spec(self, model: str) -> GpuModelSpec: ...
     def slice_for(self, gpu: GpuState, request: Request) -> tuple[str | None, str | None]: ...
     def free_share(self, model: str | None = None) -> float: ...
+    def price_per_hour(self, *, base_per_gpu_hour: float, share: float, mode: str, model: str) -> float: ...
     def has_legal_start(self, gpu: GpuState, profile: str) -> bool: ...
     def is_free(self, gpu: GpuState) -> bool: ...
     def free_gpu_count(self, node: NodeState, request: Request) -> int: ...
@@ -156,9 +157,8 @@ class PriceCap(Filter):
             return None
         profile, _ = view.slice_for(gpu, request)
         share = slice_share(geometry=gpu.geometry, profile=profile)
-        price = max(1, request.gpu_count) * slice_price(
-            base_per_gpu_hour=node.price_per_gpu_hour, share=share, mode=request.mode,
-            free_share=view.free_share(gpu.model))
+        price = max(1, request.gpu_count) * view.price_per_hour(
+            base_per_gpu_hour=node.price_per_gpu_hour, share=share, mode=request.price_mode, model=gpu.model)
         if price > request.max_price_per_hour + 1e-9:
             what = "spot price over bid" if request.mode == "spot" else "price over cap"
             return f"{what} {request.max_price_per_hour:g}/h"

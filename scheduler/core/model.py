@@ -63,7 +63,9 @@ class Request:
 
     A slice request (whole_gpu False) gets the smallest MIG profile with `memory_gb` and `compute_slices`
     on a MIG GPU, or a whole GPU where the GPU is not split (non-MIG models, MIG off).
-    `gpu_count` > 1 means k whole GPUs on one node and implies `whole_gpu`.
+    `gpu_count` > 1 means k whole GPUs on one node and implies `whole_gpu`. `profile` pins the MIG profile
+    (a reserved window moving to another GPU keeps the profile it was sold as); `short_notice` prices a
+    reserved window booked less than the market's notice ahead (pricing.PriceRules.reserved_short_notice).
     """
 
     models: frozenset[str] | None = None  # allowed catalog keys; None = any
@@ -80,10 +82,17 @@ class Request:
     priority: int = 0
     lease_id: str | None = None  # recorded on the placed instances so release/preemption can find them
     remaining_value: float = 0.0  # recorded on the placed instances (preemption ordering)
+    profile: str | None = None  # this MIG profile exactly (on MIG GPUs that have it), instead of the smallest fit
+    short_notice: bool = False
 
     @property
     def wants_whole(self) -> bool:
         return self.whole_gpu or self.gpu_count > 1
+
+    @property
+    def price_mode(self) -> str:
+        """The price class (pricing.MODES) this request is charged in."""
+        return "reserved_short_notice" if self.mode == "reserved" and self.short_notice else self.mode
 
 
 @dataclass(frozen=True)

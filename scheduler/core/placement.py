@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from .fragmentation import NO_ACCESS, node_delta
 from .model import GpuState, NodeState, Placement, Request
-from .pricing import slice_price, slice_share
+from .pricing import slice_share
 
 if TYPE_CHECKING:
     from .engine import Pool
@@ -99,7 +99,7 @@ def single_option(pool: "Pool", node: NodeState, gpu: GpuState, request: Request
         rec = pool.record(gpu.uuid)
         nf = pool.node_free[node.id] if node_term and pool.node_term and rec.free_whole and not gpu.instances else -1
         key = (rec.sig, rec.layout, not gpu.instances, request.memory_gb, request.compute_slices,
-               request.wants_whole, nf)
+               request.wants_whole, request.profile, nf)
         memo = pool.option_memo()
         hit = memo.get(key, False)
         if hit is False:
@@ -110,8 +110,8 @@ def single_option(pool: "Pool", node: NodeState, gpu: GpuState, request: Request
         if hit is None:
             return None
         profile, start, cost, pu, share = hit
-        price = slice_price(base_per_gpu_hour=node.price_per_gpu_hour, share=share, mode=request.mode,
-                            free_share=pool.free_share(gpu.model))
+        price = pool.price_per_hour(base_per_gpu_hour=node.price_per_gpu_hour, share=share,
+                                    mode=request.price_mode, model=gpu.model)
         return Option(node, [gpu], profile, start, cost, price, pu, idx)
     return _single_option(pool, node, gpu, request, layout, idx, node_term)
 
@@ -121,7 +121,6 @@ def _single_option(pool: "Pool", node: NodeState, gpu: GpuState, request: Reques
     profile, reason = pool.slice_for(gpu, request)
     if reason is not None:
         return None
-    free_share = pool.free_share(gpu.model)
     if profile is None:
         if layout is None and not pool.is_free(gpu):
             return None
@@ -142,9 +141,9 @@ def _single_option(pool: "Pool", node: NodeState, gpu: GpuState, request: Reques
         if node_term and layout is None and not lay and rec_free(pool, gpu):
             cost += _node_term(pool, node, gpu, 1)  # a first slice breaks a free whole GPU
         pu = pool.pu(gpu.model, profile)
-    price = slice_price(base_per_gpu_hour=node.price_per_gpu_hour,
-                        share=slice_share(geometry=gpu.geometry, profile=profile),
-                        mode=request.mode, free_share=free_share)
+    price = pool.price_per_hour(base_per_gpu_hour=node.price_per_gpu_hour,
+                                share=slice_share(geometry=gpu.geometry, profile=profile),
+                                mode=request.price_mode, model=gpu.model)
     return Option(node, [gpu], profile, start, cost, price, pu, idx)
 
 

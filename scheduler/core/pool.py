@@ -22,19 +22,24 @@ Indexes, all maintained per GPU on every change (allocate, release, health, node
 Also `max_key` (an upper bound on every static key), `avail_epoch` (bumps when an `avail` list is created:
 the scheduler memoises which lists serve a request shape) and `option_memo()` (placement.single_option's
 per-layout costs, for one demand-mix version).
-A `Pool` deep-copies the `NodeState`s it is given: callers keep their snapshot, the pool owns its copy.
+A `Pool` deep-copies the `NodeState`s it is given (callers keep their snapshot, the pool owns its copy)
+unless told `copy=False` by a caller that built them for it alone (the Django side's snapshots).
+Prices go through `price_per_hour`: the pool's `PriceRules` (pricing.py) and, for spot, the factor the
+market recorded per model (`spot_factors`) or else the one the model's free share gives.
 """
 from __future__ import annotations
 
 import bisect
-import copy
 from collections import defaultdict
-from typing import Iterable
+from contextlib import contextmanager
+from copy import deepcopy
+from typing import Iterable, Iterator
 
 from . import mig, perf
 from .fragmentation import DemandMix, FragCache
 from .gpus import GPU_MODELS, GpuModelSpec
 from .model import Decision, GpuState, NodeState, PlacedInstance, Request
+from .pricing import DEFAULT_RULES, PriceRules
 from .scorers import PriceScorer, ReliabilityScorer
 from .weights import DEFAULT_WEIGHTS
 
@@ -80,7 +85,11 @@ class GpuRecord:
 class Pool:
     """Pool state built from `NodeState`s; see the module docstring for what it indexes."""
 
-    def __init__(self, nodes: Iterable[NodeState], *, mix: DemandMix | None = None) -> None:
+    def __init__(self, nodes: Iterable[NodeState], *, mix: DemandMix | None = None,
+                 rules: PriceRules = DEFAULT_RULES, spot_factors: dict | None = None, copy: bool = True) -> None:
+        self.rules = rules
+        self.spot_factors = dict(spot_factors or {})  # model -> recorded spot factor (Decimal)
+        self._static_factors = {m: float(rules.factor(m)) for m in ("on_demand", "reserved", "reserved_short_notice")}
         self.nodes: dict[str, NodeState] = {}
         self.records: list[GpuRecord] = []
         self._by_uuid: dict[str, GpuRecord] = {}
@@ -123,7 +132,8 @@ class Pool:
         self._opt_memo: dict[tuple, tuple | None] = {}
         self._opt_stamp: tuple | None = None
         for node in nodes:
-            node = copy.deepcopy(node)
+            if copy:
+                node = deepcopy(node)
             if node.id in self.nodes:
                 raise ValueError(f"node {node.id!r} appears twice")
             self.nodes[node.id] = node
@@ -155,11 +165,14 @@ class Pool:
     def slice_for(self, gpu: GpuState, request: Request) -> tuple[str | None, str | None]:
         """(MIG profile or None for a whole GPU, None or the reason this GPU cannot offer the slice)."""
         whole = request.wants_whole
-        key = (gpu.model, gpu.geometry is None, request.memory_gb, request.compute_slices, whole)
+        key = (gpu.model, gpu.geometry is None, request.memory_gb, request.compute_slices, whole, request.profile)
         hit = self._slice_cache.get(key)
         if hit is None:
             spec = GPU_MODELS[gpu.model]
-            if whole or gpu.geometry is None:
+            if request.profile is not None and not whole:
+                ok = gpu.geometry is not None and gpu.geometry.has_profile(request.profile)
+                hit = (request.profile, None) if ok else (None, f"no {request.profile} slice")
+            elif whole or gpu.geometry is None:
                 ok = spec.memory_gb + 1e-9 >= request.memory_gb
                 hit = (None, None if ok else f"needs {request.memory_gb:g} GB per GPU")
             else:
@@ -217,7 +230,37 @@ class Pool:
                                    else perf.profile_pu(spec, spec.mig.profile(profile)))
         return self._pu_cache[key]
 
+    def price_per_hour(self, *, base_per_gpu_hour: float, share: float, mode: str, model: str) -> float:
+        """pricing.slice_price with this pool's rules and the model's spot factor (floats, for the engine)."""
+        factor = self._static_factors.get(mode)
+        if factor is None:
+            recorded = self.spot_factors.get(model)
+            factor = float(recorded if recorded is not None else
+                           self.rules.spot_factor(free_share=self.free_share(model)))
+        return base_per_gpu_hour * share * factor
+
     # --- changes ---------------------------------------------------------------------------------------
+
+    @contextmanager
+    def overlay(self, changes: dict[str, list[PlacedInstance]]) -> Iterator["Pool"]:
+        """The pool with some GPUs' instances replaced (GPU uuid -> instances) until the block ends, when every
+        index is put back as it was. The market decides a reservation against the pool of now with the
+        windows it must respect and the leases gone by then, without building a second pool."""
+        saved: dict[str, list[PlacedInstance]] = {}
+        try:
+            for uuid, instances in changes.items():
+                rec = self._by_uuid.get(uuid)
+                if rec is None:
+                    continue
+                saved[uuid] = list(rec.gpu.instances)
+                rec.gpu.instances[:] = list(instances)
+                self._refresh(rec)
+            yield self
+        finally:
+            for uuid, instances in saved.items():
+                rec = self._by_uuid[uuid]
+                rec.gpu.instances[:] = instances
+                self._refresh(rec)
 
     def allocate(self, decision: Decision, request: Request) -> None:
         """Apply a decision: remove the preempted spot leases, then create its instances.
@@ -303,7 +346,7 @@ class Pool:
         """Node quality under the default weights, best first: price per PU of a whole GPU on demand, and
         reliability. The fast path walks each index list in this order (a heuristic, not an exact bound)."""
         n = rec.node
-        ppu = n.price_per_gpu_hour * 1.8 / self.pu(rec.gpu.model, None)
+        ppu = n.price_per_gpu_hour * self._static_factors["on_demand"] / self.pu(rec.gpu.model, None)
         return (DEFAULT_WEIGHTS["price"] * PriceScorer().normalise(ppu)
                 + DEFAULT_WEIGHTS["reliability"] * ReliabilityScorer().normalise(n.reliability))
 
@@ -467,11 +510,6 @@ class Pool:
         self.nodes_by_free[old].discard(node_id)
         self.node_free[node_id] = old + change
         self.nodes_by_free[old + change].add(node_id)
-
-    def nodes_with_free(self, k: int) -> list[str]:
-        """Nodes with at least k free schedulable GPUs (any model), in pool order."""
-        found = [n for c, ids in self.nodes_by_free.items() if c >= k for n in ids]
-        return sorted(found, key=lambda n: self.by_node[n][0].idx)
 
     def _layout_remove(self, model: str, name: str, rec: GpuRecord) -> None:
         buckets = self.by_layout[(model, name)]

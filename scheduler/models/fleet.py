@@ -6,6 +6,7 @@ from django.db import models
 from django.db.models import Q
 
 from scheduler.core import mig as core_mig
+from scheduler.core.slots import Slots
 
 
 class Node(models.Model):
@@ -120,6 +121,11 @@ class Slice(models.Model):
     @property
     def is_whole_gpu(self) -> bool:
         return not self.profile
+
+    @property
+    def slots(self) -> Slots:
+        """The memory slices it holds (scheduler.core.slots: a whole non-MIG GPU holds every slot)."""
+        return Slots.sized(self.start, self.size)
 
     @property
     def cuda_visible_devices(self) -> str:

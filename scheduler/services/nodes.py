@@ -12,7 +12,7 @@ from scheduler.core import gpus as core_gpus
 from scheduler.core import mig as core_mig
 from scheduler.errors import Conflict, DomainError, PermissionDenied
 from scheduler.models import AgentCommand, Gpu, GpuModel, HealthEvent, Node, Slice
-from scheduler.signals import node_offline, slice_destroyed
+from scheduler.ports import market
 
 from .events import announce_node, tell_agent_token_revoked
 from .tokens import token_hash, token_new
@@ -149,7 +149,7 @@ def gpu_release(*, gpu_id: int, by: str = "operator") -> Gpu:
         for sl in Slice.objects.select_for_update().filter(gpu=gpu, state__in=Slice.ACTIVE_STATES):
             sl.state, sl.ended_at, sl.error = Slice.State.DESTROYED, now, "GPU released from a dead node"
             sl.save(update_fields=["state", "ended_at", "error"])
-            slice_destroyed.send(sender=Slice, slice=sl, at=now)
+            market().slice_destroyed(sl=sl, at=now)
         HealthEvent.objects.create(node=gpu.node, gpu=gpu, kind="released",
                                    message=f"GPU {original} released by {by}", detail={"uuid": original})
     return gpu
@@ -191,7 +191,7 @@ def _reconcile_instances(*, gpu: Gpu, geometry, reported: list[dict], now: datet
             if sl.instance_uuid not in seen:
                 sl.state, sl.ended_at = Slice.State.DESTROYED, now
                 sl.save(update_fields=["state", "ended_at"])
-                slice_destroyed.send(sender=Slice, slice=sl, at=now)
+                market().slice_destroyed(sl=sl, at=now)
             elif not sl.commands.filter(op="destroy_instance", state__in=AgentCommand.OPEN_STATES).exists():
                 slice_destroy_command(sl)
     known = set(active.exclude(instance_uuid="").values_list("instance_uuid", flat=True))
@@ -246,7 +246,7 @@ def nodes_mark_offline(*, now: datetime | None = None) -> list:
                         message=f"no heartbeat for {settings.FLEET['HEARTBEAT_TIMEOUT_SECONDS']:g} s")
             for pk in stale])
         for pk in stale:
-            node_offline.send(sender=Node, node_id=pk, at=now)
+            market().node_offline(node_id=pk, at=now)
     for pk in stale:
         transaction.on_commit(lambda pk=pk: announce_node(pk, {"status": Node.Status.OFFLINE}))
     return stale

@@ -13,16 +13,10 @@ from django.utils import timezone
 from scheduler.core import mig as core_mig
 from scheduler.errors import Conflict, DomainError
 from scheduler.models import AgentCommand, Gpu, Node, Slice
-from scheduler.signals import slice_destroyed, slice_failed, slice_hold_check, slice_ready
+from scheduler.ports import market
 
 from .commands import command_issue
 from .events import announce_node
-
-
-def gpu_instances(gpu: Gpu) -> list[core_mig.Instance]:
-    """The MIG instances that hold memory slices on `gpu` now (active slices)."""
-    return [core_mig.Instance(s.profile, s.start)
-            for s in gpu.slices.filter(state__in=Slice.ACTIVE_STATES).exclude(profile="")]
 
 
 def slice_create(*, gpu_id: int, profile: str | None, start: int | None = None) -> Slice:
@@ -89,7 +83,7 @@ def slice_destroy(*, slice_id, by_provider: bool = False) -> Slice:
     """Destroy a slice's instance; it releases its memory slices when the agent confirms. Idempotent.
 
     `by_provider`: the provider asked by hand (the fleet API), so a slice someone holds (a buyer's lease,
-    says a slice_hold_check receiver) is refused with Conflict; the market's own ending of a lease passes.
+    says the market port) is refused with Conflict; the market's own ending of a lease passes.
     """
     with transaction.atomic():
         # The lock also orders this check against the market settling the same slice.
@@ -97,9 +91,9 @@ def slice_destroy(*, slice_id, by_provider: bool = False) -> Slice:
         if sl.state in (Slice.State.DESTROYED, Slice.State.FAILED, Slice.State.DESTROYING):
             return sl
         if by_provider:
-            holds = [reason for _, reason in slice_hold_check.send(sender=Slice, slice=sl) if reason]
-            if holds:
-                raise Conflict(f"{'; '.join(holds)}: a provider cannot destroy it. The market ends leases: drain "
+            holder = market().slice_holder(sl=sl)
+            if holder:
+                raise Conflict(f"{holder}: a provider cannot destroy it. The market ends leases: drain "
                                f"the node or cordon the GPU so no new work lands there, and the slice is freed "
                                f"when the lease ends", code="slice_leased")
         if sl.instance_uuid and sl.profile:
@@ -111,7 +105,7 @@ def slice_destroy(*, slice_id, by_provider: bool = False) -> Slice:
             # still-pending create is answered later; its result then destroys the orphan instance.
             sl.state, sl.ended_at = Slice.State.DESTROYED, timezone.now()
             sl.save(update_fields=["state", "ended_at"])
-            slice_destroyed.send(sender=Slice, slice=sl, at=sl.ended_at)
+            market().slice_destroyed(sl=sl, at=sl.ended_at)
     transaction.on_commit(lambda: announce_node(sl.gpu.node_id, {"slice": str(sl.pk), "state": sl.state}))
     return sl
 
@@ -125,7 +119,7 @@ def slice_command_finished(*, command: AgentCommand, at: datetime) -> None:
             sl.state, sl.ready_at = Slice.State.READY, at
             sl.instance_uuid = str(command.result.get("instance_uuid", ""))[:80]
             sl.save()
-            slice_ready.send(sender=Slice, slice=sl, at=at)
+            market().slice_ready(sl=sl, at=at)
             return
         elif ok:
             # The slice was given up while the agent was carving: destroy what it made.
@@ -136,7 +130,7 @@ def slice_command_finished(*, command: AgentCommand, at: datetime) -> None:
             sl.state, sl.ended_at = Slice.State.FAILED, at
             sl.error = f"{command.error_code}: {command.error_message}"[:300]
             sl.save()
-            slice_failed.send(sender=Slice, slice=sl, at=at, reason=sl.error)
+            market().slice_failed(sl=sl, at=at, reason=sl.error)
     elif command.op == "destroy_instance":
         if sl.state != Slice.State.DESTROYING:
             return  # settled already (a late result of a destroy that was retried)
@@ -144,7 +138,7 @@ def slice_command_finished(*, command: AgentCommand, at: datetime) -> None:
         if ok or command.error_code == "not_found":
             sl.state, sl.ended_at = Slice.State.DESTROYED, at
             sl.save()
-            slice_destroyed.send(sender=Slice, slice=sl, at=at)
+            market().slice_destroyed(sl=sl, at=at)
             return
         sl.error = f"destroy failed: {command.error_code}: {command.error_message}"[:300]
         sl.save()

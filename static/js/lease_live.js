@@ -41,8 +41,8 @@
   function money(v, places) { return "$" + v.toFixed(places); }
   function tick() {
     const cost = document.getElementById("lease-cost");
-    if (cost && cost.dataset.running === "1" && cost.dataset.billedUntil) {
-      const secs = Math.max(0, Date.now() / 1000 - Number(cost.dataset.billedUntil));
+    if (cost && cost.dataset.running === "1" && cost.dataset.accruedUntil) {
+      const secs = Math.max(0, Math.floor(Date.now() / 1000 - Number(cost.dataset.accruedUntil)));
       const v = Number(cost.dataset.accrued) + Number(cost.dataset.price) * secs / 3600;
       cost.textContent = money(v, 4);
     }

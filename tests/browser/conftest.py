@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from marketplace.services import localstripe
+from marketplace.management import localstripe
 from tests.e2e.livestack import ROOT, LiveStack, wait_until
 
 CHROMIUM = "/usr/bin/chromium"

@@ -11,8 +11,8 @@ from channels.testing import WebsocketCommunicator
 
 from marketplace.consumers import ConsoleConsumer
 from marketplace.models import Lease
-from marketplace.services import orders
-from marketplace.services.orders import OrderSpec
+from marketplace.products import orders
+from marketplace.products.orders import OrderSpec
 from scheduler.services.events import node_group
 from tests.factories import UserFactory
 from tests.marketplace.marketsim import Fleet, top_up

@@ -6,8 +6,9 @@ from decimal import Decimal
 import pytest
 from django.contrib.auth import get_user_model
 
-from marketplace.services import ledger
-from marketplace.services.demo import DEMO_BUYER_CREDIT, DEMO_NODES, demo_seed
+from marketplace.money import ledger
+from marketplace.products.demo import DEMO_BUYER_CREDIT, DEMO_NODES, demo_seed
+from marketplace.money.check import ledger_check
 from scheduler.services.nodes import node_for_token
 
 pytestmark = pytest.mark.django_db
@@ -21,4 +22,4 @@ def test_seeding_twice_gives_fresh_tokens_and_credits_the_buyer_once():
         assert node_for_token(token=old) is None and node_for_token(token=new) == node
     buyer = get_user_model().objects.get(username="buyer")
     assert ledger.wallet_balance(user=buyer) == DEMO_BUYER_CREDIT == Decimal("25.00")
-    assert ledger.ledger_check() == []
+    assert ledger_check() == []

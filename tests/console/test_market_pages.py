@@ -13,8 +13,11 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from marketplace.models import ApiKey, Lease, NotificationSettings, Order, Project, Reservation, ResaleListing
-from marketplace.services import apikeys, leases, orders, resale
-from marketplace.services.orders import OrderSpec
+from marketplace.products import apikeys
+from marketplace.lifecycle import leases
+from marketplace.products import orders
+from marketplace.products import resale
+from marketplace.products.orders import OrderSpec
 from tests.factories import UserFactory
 from tests.marketplace.marketsim import Fleet, top_up, wallet
 
@@ -82,7 +85,7 @@ def test_bad_catalog_filters_show_a_message_beside_the_field_and_keep_the_input(
 
 
 def test_a_units_page_draws_its_spot_price_history(client, fleet):
-    from marketplace.services import spot
+    from marketplace.products import spot
 
     fleet.node("a100-80gb:1")
     now = timezone.now()
@@ -204,7 +207,7 @@ def test_my_leases_shows_only_mine_in_a_fixed_number_of_queries(client, fleet, b
 
 
 def test_a_lease_page_shows_an_interruption_notice_with_its_deadline(client, fleet, buyer, settings):
-    from marketplace.services import spot
+    from marketplace.products import spot
 
     fleet.node("h100-80gb:1")
     top_up(buyer, "100")
@@ -212,7 +215,7 @@ def test_a_lease_page_shows_an_interruption_notice_with_its_deadline(client, fle
                                                            max_price_per_hour=Decimal("0.5")))
     fleet.play()
     lease = Lease.objects.get(order=order)
-    spot.spot_interrupt(lease_id=lease.pk, kind="price", now=timezone.now())
+    leases.lease_interrupt(lease_id=lease.pk, kind="price", now=timezone.now())
     html = client.get(f"/leases/{lease.pk}/").content.decode()
     assert 'id="interruption-notice"' in html and 'class="countdown"' in html and 'role="alert"' in html
 
@@ -235,7 +238,7 @@ def test_listing_part_of_a_reservation_shows_the_cap_and_refuses_an_ask_above_it
     assert resp.status_code == 400 and f'id="id_{p}-ask_per_hour_error"' in html and "at most" in html
     assert 'value="999"' in html and ResaleListing.objects.count() == 0
     resp = client.post(f"/reservations/{r.pk}/list/", {f"{p}-starts_at": start, f"{p}-ends_at": end,
-                                                       f"{p}-ask_per_hour": "0.3"})
+                                                       f"{p}-ask_per_hour": "0.25"})
     assert resp.status_code == 302 and ResaleListing.objects.get().seller == buyer
 
 
@@ -245,7 +248,7 @@ def test_a_second_user_buys_a_listing_in_one_step_from_the_public_market(client,
     top_up(seller, "100"), top_up(bob, "100")
     r = reserve(seller)
     listing = resale.listing_create(seller=seller, reservation_id=r.pk, starts_at=r.starts_at + timedelta(minutes=30),
-                                    ends_at=r.starts_at + timedelta(minutes=90), ask_per_hour=Decimal("0.3"))
+                                    ends_at=r.starts_at + timedelta(minutes=90), ask_per_hour=Decimal("0.25"))
     html = client.get("/resale/").content.decode()  # public
     assert f'data-listing="{listing.pk}"' in html and "Log in to buy" in html
     client.force_login(bob)
@@ -264,7 +267,7 @@ def test_reservations_and_resale_pages_make_a_fixed_number_of_queries(client, fl
     def list_one(hours_ahead):
         r = reserve(seller, hours_ahead=hours_ahead, hours=1)
         resale.listing_create(seller=seller, reservation_id=r.pk, starts_at=r.starts_at, ends_at=r.ends_at,
-                              ask_per_hour=Decimal("0.3"))
+                              ask_per_hour=Decimal("0.25"))
     reserve(buyer), list_one(2)
     _, few_res = queries(client, "/reservations/")
     _, few_sale = queries(client, "/resale/")
@@ -282,8 +285,8 @@ def test_billing_shows_the_balance_ledger_statement_and_spending_in_a_fixed_numb
     fleet.node("h100-80gb:8")
     top_up(buyer, "200")
     lease = on_demand(fleet, buyer)
-    from marketplace.services import metering
-    metering.meter_tick(now=lease.started_at + timedelta(seconds=90))
+    from marketplace import metering
+    leases.meter_tick(now=lease.started_at + timedelta(seconds=90))
     r, few = queries(client, "/billing/")
     html = r.content.decode()
     assert 'id="balance"' in html and "usage" in html and 'id="spend-by-model"' in html and "h100-80gb" in html
@@ -359,14 +362,14 @@ def test_a_provider_cordons_and_uncordons_a_gpu_and_drains_a_node_but_not_someon
 
 
 def test_a_provider_sees_earnings_over_time_from_metered_usage(client, fleet):
-    from marketplace.services import metering
+    from marketplace import metering
 
     prov = UserFactory(username="earner")
     fleet.node("h100-80gb:1", provider=prov)
     buyer = UserFactory()
     top_up(buyer, "100")
     lease = on_demand(fleet, buyer)
-    metering.meter_tick(now=lease.started_at + timedelta(seconds=600))
+    leases.meter_tick(now=lease.started_at + timedelta(seconds=600))
     client.force_login(prov)
     html = client.get("/nodes/").content.decode()
     month = timezone.now().strftime("%Y-%m")
@@ -386,7 +389,7 @@ def test_operators_revoke_keys_and_withdraw_listings_from_the_admin(client, flee
     top_up(user, "100")
     res = reserve(user)
     listing = resale.listing_create(seller=user, reservation_id=res.pk, starts_at=res.starts_at,
-                                    ends_at=res.ends_at, ask_per_hour=Decimal("0.3"))
+                                    ends_at=res.ends_at, ask_per_hour=Decimal("0.25"))
     client.post("/admin/marketplace/resalelisting/", {"action": "withdraw", "_selected_action": [str(listing.pk)]})
     listing.refresh_from_db()
     assert listing.state == "cancelled"

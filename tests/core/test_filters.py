@@ -94,9 +94,12 @@ def test_memory_filter_asks_whether_the_gpu_or_a_profile_offers_the_slice(model,
     # whole GPU on demand 3.6; two GPUs 7.2
     (Request(whole_gpu=True, max_price_per_hour=3.6), None),
     (Request(gpu_count=2, max_price_per_hour=7.0), "price over cap 7/h"),
-    # spot on an all-free pool: 50% of on demand = 1.8 for a whole GPU
-    (Request(whole_gpu=True, mode="spot", max_price_per_hour=1.8), None),
-    (Request(whole_gpu=True, mode="spot", max_price_per_hour=1.7), "spot price over bid 1.7/h"),
+    # reserved less than the notice ahead: 1.0 × base (2.0 for a whole GPU)
+    (Request(whole_gpu=True, mode="reserved", short_notice=True, max_price_per_hour=2.0), None),
+    (Request(whole_gpu=True, mode="reserved", short_notice=True, max_price_per_hour=1.9), "price over cap 1.9/h"),
+    # spot on an all-free pool: 50% of base = 1.0 for a whole GPU (below reserved's 1.7)
+    (Request(whole_gpu=True, mode="spot", max_price_per_hour=1.0), None),
+    (Request(whole_gpu=True, mode="spot", max_price_per_hour=0.9), "spot price over bid 0.9/h"),
     (Request(memory_gb=10), None),
 ])
 def test_price_filter_uses_the_class_price_of_the_slice(request_, expected):

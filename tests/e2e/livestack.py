@@ -19,7 +19,7 @@ import json
 from django.contrib.auth import get_user_model
 from django.contrib.sessions.backends.db import SessionStore
 from django.contrib.auth import SESSION_KEY, BACKEND_SESSION_KEY, HASH_SESSION_KEY
-from marketplace.services.apikeys import api_key_create
+from marketplace.products.apikeys import api_key_create
 from scheduler.services.nodes import node_register
 spec = json.loads(%r)
 user = get_user_model().objects.create_user("e2e-provider", password="e2e-password")

@@ -21,8 +21,8 @@ BUYER = r"""
 import json
 from decimal import Decimal
 from django.contrib.auth import get_user_model
-from marketplace.services import ledger
-from marketplace.services.apikeys import api_key_create
+from marketplace.money import ledger
+from marketplace.products.apikeys import api_key_create
 from scheduler.models import Node
 Node.objects.update(price_per_gpu_hour=Decimal("360.00"))  # dear, so seconds of use are worth whole cents
 buyer = get_user_model().objects.create_user("e2e-buyer", password="e2e-password")
@@ -35,12 +35,13 @@ print("BUYER" + json.dumps({"api_key": key}))
 
 BOOKS = r"""
 import json
-from marketplace.services import ledger
+from marketplace.money import ledger
 from marketplace.models import UsageRecord
+from marketplace.money.check import ledger_check
 usage = {}
 for lease_id, seconds in UsageRecord.objects.values_list("lease_id", "seconds"):
     usage[str(lease_id)] = usage.get(str(lease_id), 0) + seconds
-print("BOOKS" + json.dumps({"problems": ledger.ledger_check(), "usage": usage}))
+print("BOOKS" + json.dumps({"problems": ledger_check(), "usage": usage}))
 """
 
 

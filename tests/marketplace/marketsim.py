@@ -6,7 +6,9 @@ from decimal import Decimal
 
 from nodeagent import protocol
 from nodeagent.errors import BackendError
-from marketplace.services import ledger
+from marketplace.lifecycle import leases
+from marketplace.money import ledger
+from marketplace.products import reservations
 from scheduler.models import AgentCommand, Node
 from scheduler.services import commands as command_services
 from scheduler.services import nodes as node_services
@@ -74,3 +76,9 @@ def wallet(user) -> Decimal:
 def earnings(user) -> Decimal:
     acc = ledger.account_for(user=user, kind="earnings")
     return ledger.balance(account=acc)
+
+
+def beat(*, now) -> None:
+    """The lease and reservation beats of one moment, in the order beat runs them."""
+    leases.leases_tick(now=now)
+    reservations.reservations_tick(now=now)

@@ -11,7 +11,9 @@ from hypothesis import HealthCheck, settings as hsettings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from marketplace.models import Account, LedgerEntry, LedgerTransaction
-from marketplace.services import ledger
+from marketplace.money import ledger
+from marketplace.money.check import ledger_check
+from marketplace.money import movements
 from scheduler.errors import Conflict, DomainError
 from tests.factories import UserFactory
 
@@ -27,14 +29,14 @@ class TestPost:
     def test_a_charge_splits_the_buyer_money_between_provider_and_platform_fee(self):
         buyer, provider = UserFactory(), UserFactory()
         topup(buyer, "10")
-        txn = ledger.charge_usage(buyer=buyer, provider=provider, amount=D("3.333333"), fee_rate=D("0.10"),
+        txn = movements.charge(kind="usage", buyer=buyer, provider=provider, amount=D("3.333333"), fee_rate=D("0.10"),
                                   idempotency_key="u1")
         amounts = {e.account.kind: e.amount for e in txn.entries.select_related("account")}
         # fee = 0.3333333 rounded half-up to the micro-dollar
         assert amounts == {"wallet": D("-3.333333"), "earnings": D("3.000000"), "platform_fees": D("0.333333")}
         assert ledger.wallet_balance(user=buyer) == D("6.666667")
         assert ledger.balance(account=ledger.account_for(user=provider, kind="earnings")) == D("3")
-        assert ledger.ledger_check() == []
+        assert ledger_check() == []
 
     def test_the_same_idempotency_key_twice_posts_one_transaction(self):
         buyer = UserFactory()
@@ -48,7 +50,7 @@ class TestPost:
         buyer = UserFactory()
         topup(buyer, "5", key="k")
         with pytest.raises(Conflict):
-            ledger.credit(user=buyer, amount=D("1"), idempotency_key="k", memo="x")
+            movements.credit(user=buyer, amount=D("1"), idempotency_key="k", memo="x")
         assert ledger.wallet_balance(user=buyer) == D("5")
 
     def test_insufficient_funds_raises_402_and_writes_nothing(self):
@@ -56,7 +58,7 @@ class TestPost:
         topup(buyer, "1.50")
         before = (LedgerTransaction.objects.count(), LedgerEntry.objects.count())
         with pytest.raises(ledger.InsufficientFunds) as err:
-            ledger.charge_usage(buyer=buyer, provider=provider, amount=D("1.500001"), idempotency_key="x")
+            movements.charge(kind="usage", buyer=buyer, provider=provider, amount=D("1.500001"), idempotency_key="x")
         assert err.value.status == 402 and err.value.code == "insufficient_funds"
         assert (LedgerTransaction.objects.count(), LedgerEntry.objects.count()) == before
         assert ledger.wallet_balance(user=buyer) == D("1.5")
@@ -91,15 +93,15 @@ class TestPost:
     def test_a_refund_reverses_a_charge_pro_rata_and_a_credit_comes_from_promotions(self):
         buyer, provider = UserFactory(), UserFactory()
         topup(buyer, "10")
-        charge = ledger.charge(buyer=buyer, provider=provider, amount=D("4"), fee_rate=D("0.25"),
+        charge = movements.charge(buyer=buyer, provider=provider, amount=D("4"), fee_rate=D("0.25"),
                                kind="reservation", idempotency_key="r")
-        ledger.refund(original=charge, amount=D("1"), idempotency_key="r-back")
-        ledger.credit(user=buyer, amount=D("0.50"), idempotency_key="comp", memo="spot notice", source="credits")
+        movements.refund(original=charge, amount=D("1"), idempotency_key="r-back")
+        movements.credit(user=buyer, amount=D("0.50"), idempotency_key="comp", memo="spot notice", source="credits")
         assert ledger.wallet_balance(user=buyer) == D("7.5")
         assert ledger.balance(account=ledger.account_for(user=provider, kind="earnings")) == D("2.25")
         assert ledger.balance(account=ledger.platform_account("platform_fees")) == D("0.75")
         assert ledger.balance(account=ledger.platform_account("promotions")) == D("-0.5")
-        assert ledger.ledger_check() == []
+        assert ledger_check() == []
 
     def test_account_kinds_match_their_owner(self):
         with pytest.raises(DomainError):
@@ -133,7 +135,7 @@ class LedgerMachine(RuleBasedStateMachine):
     def charge(self, i, amount, rate):
         buyer = self.buyers[i]
         try:
-            txn = ledger.charge_usage(buyer=buyer, provider=self.provider, amount=amount, fee_rate=rate,
+            txn = movements.charge(kind="usage", buyer=buyer, provider=self.provider, amount=amount, fee_rate=rate,
                                       idempotency_key=f"c:{uuid.uuid4()}")
         except ledger.InsufficientFunds:
             assert self.expected[buyer.pk] < amount
@@ -147,21 +149,21 @@ class LedgerMachine(RuleBasedStateMachine):
         charge = self.charges.pop(data.draw(st.integers(0, len(self.charges) - 1)))
         wallet_line = charge.entries.get(account__kind="wallet")
         try:
-            ledger.refund(original=charge, idempotency_key=f"r:{charge.pk}")
+            movements.refund(original=charge, idempotency_key=f"r:{charge.pk}")
         except DomainError:  # the provider's earnings may already be lower than its share (refund of old work)
             return
         self.expected[wallet_line.account.user_id] -= wallet_line.amount
 
     @rule(i=st.integers(0, 1), amount=amounts)
     def credit(self, i, amount):
-        ledger.credit(user=self.buyers[i], amount=amount, idempotency_key=f"g:{uuid.uuid4()}", memo="gift")
+        movements.credit(user=self.buyers[i], amount=amount, idempotency_key=f"g:{uuid.uuid4()}", memo="gift")
         self.expected[self.buyers[i].pk] += amount
 
     @invariant()
     def books_balance(self):
         if not hasattr(self, "buyers"):
             return
-        assert ledger.ledger_check() == []
+        assert ledger_check() == []
         for buyer in self.buyers:
             assert ledger.wallet_balance(user=buyer) == self.expected[buyer.pk] >= 0
 
@@ -185,7 +187,7 @@ def test_concurrent_charges_against_one_wallet_never_take_it_below_zero():
     def spend(n: int):
         try:
             start.wait()
-            ledger.charge_usage(buyer=buyer, provider=provider, amount=D("1.000000"), idempotency_key=f"spend:{n}")
+            movements.charge(kind="usage", buyer=buyer, provider=provider, amount=D("1.000000"), idempotency_key=f"spend:{n}")
             results.append("ok")
         except ledger.InsufficientFunds:
             results.append("broke")
@@ -199,7 +201,7 @@ def test_concurrent_charges_against_one_wallet_never_take_it_below_zero():
         t.join(timeout=60)
     assert sorted(results) == ["broke"] * 2 + ["ok"] * 10
     assert ledger.wallet_balance(user=buyer) == D("0")
-    assert ledger.ledger_check() == []
+    assert ledger_check() == []
 
 
 @pytest.mark.postgres
@@ -229,18 +231,18 @@ def test_the_same_idempotency_key_posted_concurrently_writes_one_transaction():
 def test_refunds_of_one_charge_under_different_keys_never_add_up_to_more_than_it_charged():
     buyer, provider = UserFactory(), UserFactory()
     topup(buyer, "10")
-    charge = ledger.charge_usage(buyer=buyer, provider=provider, amount=D("1.00"), fee_rate=D("0.10"),
+    charge = movements.charge(kind="usage", buyer=buyer, provider=provider, amount=D("1.00"), fee_rate=D("0.10"),
                                  idempotency_key="c")
-    ledger.refund(original=charge, amount=D("0.60"), idempotency_key="r1")
+    movements.refund(original=charge, amount=D("0.60"), idempotency_key="r1")
     with pytest.raises(DomainError, match="left of the charged") as err:
-        ledger.refund(original=charge, amount=D("0.60"), idempotency_key="r2")
+        movements.refund(original=charge, amount=D("0.60"), idempotency_key="r2")
     assert err.value.code == "refund_exceeds_charge"
-    again = ledger.refund(original=charge, amount=D("0.60"), idempotency_key="r1")  # a retry of r1 posts nothing
-    rest = ledger.refund(original=charge, idempotency_key="r3")  # default: what is left
+    again = movements.refund(original=charge, amount=D("0.60"), idempotency_key="r1")  # a retry of r1 posts nothing
+    rest = movements.refund(original=charge, idempotency_key="r3")  # default: what is left
     assert again.idempotency_key == "r1" and rest.entries.get(account__kind="wallet").amount == D("0.40")
     with pytest.raises(DomainError):
-        ledger.refund(original=charge, idempotency_key="r4")
-    assert ledger.wallet_balance(user=buyer) == D("10") and ledger.ledger_check() == []
+        movements.refund(original=charge, idempotency_key="r4")
+    assert ledger.wallet_balance(user=buyer) == D("10") and ledger_check() == []
     charge.refresh_from_db()
     assert (charge.charged_amount, charge.refunded_amount) == (D("1.00"), D("1.00"))
 
@@ -249,7 +251,7 @@ def test_refunds_of_one_charge_under_different_keys_never_add_up_to_more_than_it
 def test_the_database_refuses_refunded_so_far_above_the_charge():
     buyer, provider = UserFactory(), UserFactory()
     topup(buyer, "10")
-    charge = ledger.charge_usage(buyer=buyer, provider=provider, amount=D("1.00"), idempotency_key="c")
+    charge = movements.charge(kind="usage", buyer=buyer, provider=provider, amount=D("1.00"), idempotency_key="c")
     with pytest.raises(IntegrityError), transaction.atomic():
         LedgerTransaction.objects.filter(pk=charge.pk).update(charged_amount=D("1.00"), refunded_amount=D("1.01"))
 
@@ -259,14 +261,14 @@ def test_the_database_refuses_refunded_so_far_above_the_charge():
 def test_concurrent_full_refunds_of_one_charge_under_different_keys_refund_it_once():
     buyer, provider = UserFactory(), UserFactory()
     topup(buyer, "10")
-    charge = ledger.charge_usage(buyer=buyer, provider=provider, amount=D("2.00"), idempotency_key="c")
+    charge = movements.charge(kind="usage", buyer=buyer, provider=provider, amount=D("2.00"), idempotency_key="c")
     start = threading.Barrier(8)
     results: list[str] = []
 
     def back(n: int):
         try:
             start.wait()
-            ledger.refund(original=charge, idempotency_key=f"refund:{n}")
+            movements.refund(original=charge, idempotency_key=f"refund:{n}")
             results.append("ok")
         except DomainError:
             results.append("refused")
@@ -279,4 +281,4 @@ def test_concurrent_full_refunds_of_one_charge_under_different_keys_refund_it_on
     for t in threads:
         t.join(timeout=60)
     assert sorted(results) == ["ok"] + ["refused"] * 7
-    assert ledger.wallet_balance(user=buyer) == D("10") and ledger.ledger_check() == []
+    assert ledger.wallet_balance(user=buyer) == D("10") and ledger_check() == []

@@ -11,7 +11,11 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from marketplace.models import LedgerTransaction, Lease, Order, Reservation, ResaleListing
-from marketplace.services import ledger, leases, metering, spot
+from marketplace.money import ledger
+from marketplace.lifecycle import leases
+from marketplace import metering
+from marketplace.products import spot
+from marketplace.money.check import ledger_check
 from scheduler.models import Node
 from tests.factories import UserFactory
 from tests.marketplace.marketsim import Fleet, top_up, wallet
@@ -54,15 +58,15 @@ def test_an_on_demand_order_through_the_api_runs_is_metered_ends_and_the_stateme
     assert detail["price_per_hour"] == "1.800000"
     start = Lease.objects.get(pk=lease_id).billed_until
     for s in range(5, 1800, 7):
-        metering.meter_tick(now=start + timedelta(seconds=s))
+        leases.meter_tick(now=start + timedelta(seconds=s))
     leases.lease_end(lease_id=lease_id, buyer=buyer, at=start + timedelta(seconds=1800, microseconds=900000))
     fleet.play()
     ended = c.get(f"/api/v1/leases/{lease_id}/").json()
     assert ended["state"] == "ended" and ended["cost_charged"] == "0.900000"  # 30 min at 1.80/h
-    assert wallet(buyer) == Decimal("19.10") and ledger.ledger_check() == []
+    assert wallet(buyer) == Decimal("19.10") and ledger_check() == []
     charges = LedgerTransaction.objects.filter(lease_id=lease_id, kind="usage")
     assert -sum(e.amount for t in charges for e in t.entries.filter(account__kind="wallet")) == Decimal("0.90")
-    from marketplace.services.statements import statement
+    from marketplace.money.statements import statement
 
     body = statement(user=buyer, month=start.strftime("%Y-%m"))
     assert body["totals"]["gpu_seconds"] == 1800 and body["totals"]["usage_amount_usd"] == "0.90"
@@ -73,14 +77,14 @@ def test_a_spot_bid_through_the_api_is_interrupted_with_a_notice_and_billing_sto
     spotter, other = UserFactory(), UserFactory()
     top_up(spotter, "20"), top_up(other, "20")
     spot.spot_prices_recompute()
-    r = client_for(spotter).post("/api/v1/bids/", {"max_price_per_hour": "0.95", "whole_gpu": True}, format="json")
+    r = client_for(spotter).post("/api/v1/bids/", {"max_price_per_hour": "0.60", "whole_gpu": True}, format="json")
     assert r.status_code == 201, r.content
     fleet.play()
     bid = client_for(spotter).get(f"/api/v1/bids/{r.json()['id']}/").json()
     assert bid["state"] == "won"
     client_for(other).post("/api/v1/orders/", {"mode": "on_demand"}, format="json")
     fleet.play()
-    spot.spot_prices_recompute()  # free share 0: 70% of 1.80 = 1.26 > 0.95
+    spot.spot_prices_recompute()  # free share 0: 70% of base 1.00 = 0.70 > 0.60
     lease = client_for(spotter).get("/api/v1/leases/?mode=spot").json()["results"][0]
     assert lease["state"] == "interrupting" and lease["interruption"]["kind"] == "price"
     assert lease["interruption"]["notice_seconds"] == 120
@@ -96,15 +100,15 @@ def test_a_reservation_and_its_resale_through_the_api(fleet):
     r = client_for(seller).post("/api/v1/orders/", {"mode": "reserved", "window_start": iso(start),
                                                      "window_end": iso(start + timedelta(hours=4))}, format="json")
     assert r.status_code == 201, r.content
-    assert r.json()["total_price"] == "3.40"  # 0.85 x 1.00 x 4 h
+    assert r.json()["total_price"] == "3.400000"  # 0.85 x 1.00 x 4 h
     res_id = r.json()["reservations"][0]
     bad = client_for(seller).post(f"/api/v1/reservations/{res_id}/list-for-resale/",
                                   {"starts_at": iso(start), "ends_at": iso(start + timedelta(hours=1)),
-                                   "ask_per_hour": "1.70"}, format="json")
+                                   "ask_per_hour": "0.91"}, format="json")  # above 0.9 x base
     assert bad.status_code == 400 and "ask_per_hour" in bad.json()["error"]["fields"]
     listed = client_for(seller).post(f"/api/v1/reservations/{res_id}/list-for-resale/",
                                      {"starts_at": iso(start + timedelta(hours=2)),
-                                      "ends_at": iso(start + timedelta(hours=4)), "ask_per_hour": "1.20"},
+                                      "ends_at": iso(start + timedelta(hours=4)), "ask_per_hour": "0.80"},
                                      format="json")
     assert listed.status_code == 201, listed.content
     public = APIClient().get("/api/v1/resale-listings/?gpu_model=l4").json()["results"]
@@ -113,13 +117,13 @@ def test_a_reservation_and_its_resale_through_the_api(fleet):
     bought = client_for(buyer).post(f"/api/v1/resale-listings/{listed.json()['id']}/buy/", format="json")
     assert bought.status_code == 201, bought.content
     assert bought.json()["reservation"]["starts_at"] == iso(start + timedelta(hours=2)).replace("+00:00", "Z")
-    assert wallet(buyer) == Decimal("17.60") and wallet(seller) == Decimal("16.60") + Decimal("2.16")
+    assert wallet(buyer) == Decimal("18.40") and wallet(seller) == Decimal("16.60") + Decimal("1.44")
     again = client_for(UserFactory()).post(f"/api/v1/resale-listings/{listed.json()['id']}/buy/", format="json")
     assert again.status_code == 409
     mine = client_for(seller).get("/api/v1/reservations/").json()["results"]
     assert [(x["starts_at"], x["ends_at"]) for x in mine] == [
         (iso(start).replace("+00:00", "Z"), iso(start + timedelta(hours=2)).replace("+00:00", "Z"))]
-    assert ledger.ledger_check() == []
+    assert ledger_check() == []
 
 
 def test_a_buyer_sees_and_touches_only_its_own_orders_leases_reservations_and_bids(fleet):
@@ -207,7 +211,7 @@ def test_offers_list_each_unit_with_availability_pu_prices_and_history(catalog):
     l4 = offers["l4:whole:eu-central"]
     assert l4["availability"] == 2 and l4["gpus"] == 2 and l4["pu"] > 0
     assert l4["prices"]["on_demand"] == "0.900000" and l4["prices"]["reserved"] == "0.425000"
-    assert l4["prices"]["spot"] == "0.450000" and "resale" not in l4["prices"]
+    assert l4["prices"]["spot"] == "0.250000" and "resale" not in l4["prices"]  # 0.5 x base: below reserved
     assert l4["interruptions"] == {"last_30_days": 0, "recent": []}
     assert offers["h100-80gb:1g.10gb:eu-west"]["availability"] == 7
     assert offers["h100-80gb:3g.40gb:eu-west"]["availability"] == 2
@@ -283,7 +287,7 @@ def test_an_order_names_one_of_the_buyers_projects_and_its_usage_and_charges_lan
     fleet.play()
     lease = Lease.objects.get(pk=r.json()["leases"][0])
     t0 = lease.billed_until
-    metering.meter_tick(now=t0 + timedelta(seconds=600))
+    leases.meter_tick(now=t0 + timedelta(seconds=600))
     leases.lease_end(lease_id=lease.pk, buyer=buyer, at=t0 + timedelta(seconds=600))
     charges = LedgerTransaction.objects.filter(lease_id=lease.pk, kind="usage")
     assert charges and {t.project_id for t in charges} == {mine}
@@ -310,8 +314,9 @@ def writes(fleet):
     """A buyer with something behind every write endpoint: a running lease, a queued order, a reservation
     listed for resale (by another seller), a project and a succeeded top-up."""
     from marketplace.models import Payment, Project
-    from marketplace.services import orders, resale
-    from marketplace.services.orders import OrderSpec
+    from marketplace.products import orders
+    from marketplace.products import resale
+    from marketplace.products.orders import OrderSpec
 
     fleet.node("l4:3", price="1.00")
     buyer, seller = UserFactory(), UserFactory()

@@ -12,8 +12,11 @@ from django.db import IntegrityError, connection, connections
 from django.utils import timezone
 
 from marketplace.models import Lease, Order, Reservation, ResaleListing
-from marketplace.services import ledger, orders, resale
-from marketplace.services.orders import OrderSpec
+from marketplace.money import ledger
+from marketplace.products import orders
+from marketplace.products import resale
+from marketplace.products.orders import OrderSpec
+from marketplace.money.check import ledger_check
 from scheduler.errors import DomainError
 from scheduler.models import Slice
 from tests.factories import UserFactory
@@ -68,7 +71,7 @@ def test_concurrent_reservations_never_overlap_on_a_slice():
         for b in booked:
             if a.pk != b.pk and a.gpu_id == b.gpu_id:
                 assert a.ends_at <= b.starts_at or b.ends_at <= a.starts_at
-    assert ledger.ledger_check() == []
+    assert ledger_check() == []
 
 
 def test_the_database_refuses_an_overlapping_reservation_that_bypasses_the_service():
@@ -95,7 +98,7 @@ def test_concurrent_resale_purchases_sell_a_window_once():
     orders.order_place(buyer=seller, spec=OrderSpec(mode="reserved", window_start=start,
                                                     window_end=start + timedelta(hours=2)))
     listing = resale.listing_create(seller=seller, reservation_id=Reservation.objects.get().pk,
-                                    starts_at=start, ends_at=start + timedelta(hours=1), ask_per_hour=Decimal("1.00"))
+                                    starts_at=start, ends_at=start + timedelta(hours=1), ask_per_hour=Decimal("0.90"))
     buyers = [UserFactory() for _ in range(20)]
     for b in buyers:
         top_up(b, "10")
@@ -104,8 +107,8 @@ def test_concurrent_resale_purchases_sell_a_window_once():
     assert len(sold) == 1 and sum(isinstance(r, DomainError) for r in results) == 19
     assert ResaleListing.objects.get(pk=listing.pk).state == ResaleListing.State.SOLD
     assert Reservation.objects.filter(holder=sold[0].reservation.holder).count() == 1
-    assert sorted(ledger.wallet_balance(user=b) for b in buyers)[:2] == [Decimal("9"), Decimal("10")]
-    assert ledger.ledger_check() == []
+    assert sorted(ledger.wallet_balance(user=b) for b in buyers)[:2] == [Decimal("9.1"), Decimal("10")]
+    assert ledger_check() == []
 
 
 def test_concurrent_purchases_of_different_listings_of_one_reservation_all_succeed():
@@ -117,7 +120,7 @@ def test_concurrent_purchases_of_different_listings_of_one_reservation_all_succe
                                                     window_end=start + timedelta(hours=8)))
     r = Reservation.objects.get()
     listings = [resale.listing_create(seller=seller, reservation_id=r.pk, starts_at=start + timedelta(hours=h),
-                                      ends_at=start + timedelta(hours=h + 1), ask_per_hour=Decimal("1.00"))
+                                      ends_at=start + timedelta(hours=h + 1), ask_per_hour=Decimal("0.90"))
                 for h in range(8)]
     buyers = [UserFactory() for _ in listings]
     for b in buyers:
@@ -130,4 +133,4 @@ def test_concurrent_purchases_of_different_listings_of_one_reservation_all_succe
     assert set(ResaleListing.objects.values_list("state", flat=True)) == {ResaleListing.State.SOLD}
     live = Reservation.objects.filter(state__in=Reservation.LIVE_STATES).order_by("starts_at")
     assert [x.holder_id for x in live] == [b.pk for b in buyers]
-    assert ledger.ledger_check() == []
+    assert ledger_check() == []

@@ -13,8 +13,11 @@ from channels.testing import WebsocketCommunicator
 
 from marketplace.consumers import ConsoleConsumer
 from marketplace.models import Interruption, Lease
-from marketplace.services import notify, orders, spot
-from marketplace.services.orders import OrderSpec
+from marketplace import events as notify
+from marketplace.products import orders
+from marketplace.products import spot
+from marketplace.products.orders import OrderSpec
+from marketplace.lifecycle import leases
 from tests.factories import UserFactory
 from tests.marketplace.marketsim import Fleet, top_up
 
@@ -69,7 +72,7 @@ async def test_a_spot_interruption_reaches_the_buyers_socket_and_webhook_and_not
     other = WebsocketCommunicator(ConsoleConsumer.as_asgi(), "/ws/console/")
     other.scope["user"] = stranger
     assert (await comm.connect())[0] and (await other.connect())[0]
-    await sync_to_async(spot.spot_interrupt)(lease_id=lease.pk, kind="preempted")
+    await sync_to_async(leases.lease_interrupt)(lease_id=lease.pk, kind="preempted")
     event = await next_market_event(comm, "interruption")
     assert event["lease"] == str(lease.pk) and event["kind"] == "preempted" and event["notice_seconds"] == 120
     assert await other.receive_nothing(timeout=0.3)
@@ -95,7 +98,7 @@ def test_a_lease_interrupted_without_full_notice_is_credited_once():
     from django.utils import timezone
 
     now = timezone.now()
-    spot.spot_interrupt(lease_id=lease.pk, kind="preempted", now=now, deadline=now)
-    assert spot.spot_interrupt(lease_id=lease.pk, kind="preempted", now=now) is None  # once
+    leases.lease_interrupt(lease_id=lease.pk, kind="preempted", now=now, deadline=now)
+    assert leases.lease_interrupt(lease_id=lease.pk, kind="preempted", now=now) is None  # once
     intr = Interruption.objects.get(lease=lease)
-    assert intr.notice_seconds == 0 and intr.credited == Decimal("0.90")
+    assert intr.notice_seconds == 0 and intr.credited == Decimal("0.50")  # an hour of spot at 0.5 x base

@@ -14,12 +14,18 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
 from marketplace.models import LedgerTransaction, Lease, Reservation, ResaleListing, UsageRecord
-from marketplace.services import leases, ledger, metering, orders, resale, spot
-from marketplace.services.orders import OrderSpec
+from marketplace.lifecycle import leases
+from marketplace.money import ledger, movements
+from marketplace import metering
+from marketplace.products import orders
+from marketplace.products import resale
+from marketplace.products import spot
+from marketplace.products.orders import OrderSpec
+from marketplace.money.check import ledger_check
 from scheduler.errors import DomainError
 from scheduler.models import Slice
 from tests.factories import UserFactory
-from tests.marketplace.marketsim import Fleet, top_up
+from tests.marketplace.marketsim import Fleet, beat, top_up
 
 pytestmark = pytest.mark.django_db
 
@@ -76,8 +82,8 @@ class MarketMachine(RuleBasedStateMachine):
     @rule(seconds=st.sampled_from([1, 5, 61, 900, 3600]))
     def time_passes(self, seconds):
         self.clock += timedelta(seconds=seconds)
-        metering.meter_tick(now=self.clock)
-        leases.leases_tick(now=self.clock)
+        leases.meter_tick(now=self.clock)
+        beat(now=self.clock)
         orders.orders_retry(now=self.clock)
         self.fleet.play()
 
@@ -90,7 +96,7 @@ class MarketMachine(RuleBasedStateMachine):
         ids = list(Lease.objects.filter(mode="spot", state="running").values_list("id", flat=True))
         if ids:
             short = data.draw(st.booleans())
-            spot.spot_interrupt(lease_id=data.draw(st.sampled_from(ids)), kind="preempted", now=self.clock,
+            leases.lease_interrupt(lease_id=data.draw(st.sampled_from(ids)), kind="preempted", now=self.clock,
                                 deadline=self.clock if short else None)
 
     @rule(data=st.data())
@@ -118,11 +124,11 @@ class MarketMachine(RuleBasedStateMachine):
         txns = list(LedgerTransaction.objects.filter(kind="usage"))
         if txns:
             t = data.draw(st.sampled_from(txns))
-            self._try(ledger.refund, original=t, idempotency_key=f"test-refund:{t.pk}")
+            self._try(movements.refund, original=t, idempotency_key=f"test-refund:{t.pk}")
 
     @invariant()
     def ledger_balances_and_no_wallet_is_negative(self):
-        assert ledger.ledger_check() == []
+        assert ledger_check() == []
 
     @invariant()
     def no_lease_is_billed_past_its_end_or_its_interruption(self):

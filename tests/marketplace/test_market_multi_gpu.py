@@ -7,7 +7,10 @@ import pytest
 from rest_framework.test import APIClient
 
 from marketplace.models import Lease, Order
-from marketplace.services import ledger, metering
+from marketplace.money import ledger
+from marketplace import metering
+from marketplace.money.check import ledger_check
+from marketplace.lifecycle import leases
 from scheduler.models import Slice
 from tests.factories import UserFactory
 from tests.marketplace.marketsim import Fleet, top_up
@@ -47,18 +50,18 @@ def test_a_two_gpu_on_demand_order_runs_two_metered_leases_on_one_node_and_endin
     assert body["price_per_hour"] == "3.600000"
     start = max(Lease.objects.get(pk=lid).billed_until for lid in body["leases"])
     for s in range(5, 600, 7):
-        metering.meter_tick(now=start + timedelta(seconds=s))
+        leases.meter_tick(now=start + timedelta(seconds=s))
     assert all(lease.cost_charged > 0 for lease in Lease.objects.filter(pk__in=body["leases"]))
     r = c.post(f"/api/v1/orders/{body['id']}/cancel/", format="json")
     assert r.status_code == 200, r.content
     fleet.play()
     assert set(Lease.objects.filter(pk__in=body["leases"]).values_list("state", flat=True)) == {"ended"}
     assert not Slice.objects.filter(state__in=Slice.ACTIVE_STATES).exists()
-    assert ledger.ledger_check() == []
+    assert ledger_check() == []
 
 
 def test_a_spot_order_for_two_gpus_gets_two_leases_on_one_node(fleet):
-    from marketplace.services import spot
+    from marketplace.products import spot
 
     node = fleet.node("l4:2", price="1.00")
     buyer = UserFactory()
@@ -141,19 +144,19 @@ def test_when_one_of_the_gpus_fails_to_provision_the_others_end_and_are_refunded
     assert not Slice.objects.filter(state__in=Slice.ACTIVE_STATES).exists()
     from tests.marketplace.marketsim import wallet
 
-    assert wallet(buyer) == 50 and ledger.ledger_check() == []
+    assert wallet(buyer) == 50 and ledger_check() == []
 
 
 def test_a_two_gpu_spot_bid_covers_both_gpus_so_a_price_rise_past_it_interrupts_them(fleet):
-    # The bid is for the k GPUs together (as the engine and the bid cap compare it): 2.00/h buys two L4s at
-    # 0.90 each when the pool is free; once they fill it, spot goes to 1.26 each, 2.52 > 2.00 for the pair.
-    from marketplace.services import spot
+    # The bid is for the k GPUs together (as the engine and the bid cap compare it): 1.20/h buys two L4s at
+    # 0.50 each when the pool is free; once they fill it, spot goes to 0.70 each, 1.40 > 1.20 for the pair.
+    from marketplace.products import spot
 
     fleet.node("l4:2", price="1.00")
     buyer = UserFactory()
     top_up(buyer, "50")
     spot.spot_prices_recompute()
-    r = client_for(buyer).post("/api/v1/orders/", {"mode": "spot", "gpu_count": 2, "max_price_per_hour": "2.00",
+    r = client_for(buyer).post("/api/v1/orders/", {"mode": "spot", "gpu_count": 2, "max_price_per_hour": "1.20",
                                                    "duration_seconds": 3600}, format="json")
     assert r.status_code == 201, r.content
     fleet.play()

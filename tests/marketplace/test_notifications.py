@@ -2,13 +2,18 @@
 SSRF guard on webhook URLs (refused unless public http(s); loopback only when settings.DEBUG allows it)."""
 from __future__ import annotations
 
+from datetime import timedelta
 from decimal import Decimal
 
 import pytest
 
 from marketplace.models import Lease, NotificationSettings, Order
-from marketplace.services import leases, metering, notifications, notify, orders, spot
-from marketplace.services.orders import OrderSpec
+from marketplace.lifecycle import leases
+from marketplace import notifications
+from marketplace import events as notify
+from marketplace.products import orders
+from marketplace.products import spot
+from marketplace.products.orders import OrderSpec
 from scheduler.errors import DomainError
 from tests.factories import UserFactory
 from tests.marketplace.marketsim import Fleet, top_up
@@ -80,15 +85,13 @@ def test_market_events_go_to_the_accounts_webhook_unless_the_order_has_its_own_a
     own = orders.order_place(buyer=buyer, spec=OrderSpec(mode="spot", whole_gpu=True, max_price_per_hour=Decimal("1.8"),
                                                          webhook_url="https://hooks.example.org/order"))
     fleet.play()
-    spot.spot_interrupt(lease_id=Lease.objects.get(order=own).pk, kind="preempted")
+    leases.lease_interrupt(lease_id=Lease.objects.get(order=own).pk, kind="preempted")
     leases.lease_end(lease_id=Lease.objects.get(order=plain).pk, buyer=buyer)
     fleet.play()
     kinds = [(url.rsplit("/", 1)[1], p["type"]) for url, p in sent]
     assert ("order", "interruption") in kinds  # the order's own URL wins
     assert ("account", "lease_ended") in kinds and ("account", "interruption") not in kinds
-    # Low balance is switched off: the guard warns on the socket only.
     sent.clear()
-    metering.balance_guard(buyer_id=buyer.pk, now=Lease.objects.get(order=plain).started_at)
     NotificationSettings.objects.filter(user=buyer).update(lease_ended=False)
     leases.lease_end(lease_id=Lease.objects.get(order=own).pk, buyer=buyer)
     fleet.play()
@@ -104,3 +107,24 @@ def test_a_lease_that_fails_to_start_is_announced_to_the_accounts_webhook(sent):
     orders.order_place(buyer=buyer, spec=OrderSpec(mode="on_demand", memory_gb=10))
     fleet.play(fail_creates=True)
     assert [(u, p["type"]) for u, p in sent] == [("https://hooks.example.org/account", "lease_failed")]
+
+
+@pytest.mark.parametrize("switched_on", [True, False])
+def test_a_low_balance_is_warned_once_on_the_socket_and_to_the_webhook_only_when_switched_on(sent, settings,
+                                                                                           monkeypatch,
+                                                                                           switched_on):
+    told = []
+    monkeypatch.setattr(notify, "tell_buyer", lambda user_id, event: told.append(event["type"]))
+    settings.MARKET = {**settings.MARKET, "BALANCE_WARN_SECONDS": 10 * 3600}  # 10 USD at 1.80/h lasts 5.5 h
+    fleet = Fleet()
+    fleet.node("l4:1", price="1.00")
+    buyer = UserFactory()
+    top_up(buyer, "10")
+    notifications.notification_settings_update(user=buyer, webhook_url="https://hooks.example.org/account",
+                                               balance_low=switched_on)
+    order = orders.order_place(buyer=buyer, spec=OrderSpec(mode="on_demand", whole_gpu=True))
+    lease = Lease.objects.get(order=order)
+    leases.meter_tick(now=lease.started_at + timedelta(seconds=5))
+    leases.meter_tick(now=lease.started_at + timedelta(seconds=10))  # warned already: not again at once
+    assert told.count("balance_low") == 1 and Lease.objects.get(pk=lease.pk).warned_at is not None
+    assert [p["type"] for _, p in sent] == (["balance_low"] if switched_on else [])

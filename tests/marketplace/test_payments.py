@@ -17,7 +17,10 @@ from django.db import close_old_connections
 from rest_framework.test import APIClient
 
 from marketplace.models import LedgerTransaction, Payment, StripeEvent
-from marketplace.services import ledger, localstripe
+from marketplace.money import ledger
+from marketplace.management import localstripe
+from marketplace.money.check import ledger_check
+from marketplace.money import movements
 from tests.factories import UserFactory
 
 GOOD_CARD = "4242424242424242"
@@ -127,7 +130,7 @@ def test_a_good_card_top_up_credits_the_wallet_once_though_the_webhook_comes_too
     assert ledger.wallet_balance(user=buyer) == D("25")
     assert LedgerTransaction.objects.filter(idempotency_key=f"stripe:pi:{body['payment_intent']}").count() == 1
     assert StripeEvent.objects.filter(processed=True).count() == 1
-    assert ledger.ledger_check() == []
+    assert ledger_check() == []
 
 
 @pytest.mark.django_db
@@ -169,7 +172,7 @@ def test_a_refund_returns_only_the_unspent_part_to_the_card(stripe_on):
     buyer, provider = UserFactory(), UserFactory()
     c = client_for(buyer)
     payment_id = c.post("/api/v1/topups/", {"amount": "50", "card": GOOD_CARD}, format="json").json()["payment"]["id"]
-    ledger.charge_usage(buyer=buyer, provider=provider, amount=D("20"), idempotency_key="spent")
+    movements.charge(kind="usage", buyer=buyer, provider=provider, amount=D("20"), idempotency_key="spent")
     r = c.post(f"/api/v1/payments/{payment_id}/refund/", {}, format="json")  # all 50: 20 are spent
     assert r.status_code == 402 and r.json()["error"]["code"] == "insufficient_funds"
     assert ledger.wallet_balance(user=buyer) == D("30")
@@ -181,7 +184,7 @@ def test_a_refund_returns_only_the_unspent_part_to_the_card(stripe_on):
     assert [x.amount for x in refunds.data] == [3000]
     assert ledger.wallet_balance(user=buyer) == D("0")
     assert ledger.balance(account=ledger.platform_account("stripe_clearing")) == D("-20")
-    assert ledger.ledger_check() == []
+    assert ledger_check() == []
     assert client_for(UserFactory()).post(f"/api/v1/payments/{payment_id}/refund/", {}, format="json").status_code == 404
 
 
@@ -344,4 +347,4 @@ def test_a_refund_made_outside_the_app_is_reconciled_once_from_stripes_charge_re
     assert ledger.wallet_balance(user=buyer) == D("0")
     assert ledger.balance(account=ledger.platform_account("stripe_clearing")) == D("0")
     assert StripeEvent.objects.filter(type="charge.refunded", processed=True).count() == 2
-    assert ledger.ledger_check() == []
+    assert ledger_check() == []

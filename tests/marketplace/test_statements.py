@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import csv
 import io
-import uuid
 from datetime import datetime, timezone
 from decimal import Decimal as D
 
@@ -12,11 +11,16 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from marketplace.models import LedgerTransaction, Project, UsageRecord
-from marketplace.services import ledger
-from marketplace.services.projects import project_create
-from marketplace.services.usage import usage_record
-from tests.factories import UserFactory, node_with_token
+from marketplace.lifecycle import leases
+from marketplace.models import Lease, LedgerTransaction, Project, UsageRecord
+from marketplace.money import ledger, movements
+from marketplace.money.check import ledger_check
+from marketplace.products import orders
+from marketplace.products.orders import OrderSpec
+from marketplace.products.projects import project_create
+from scheduler.models import Node
+from tests.factories import UserFactory
+from tests.marketplace.marketsim import Fleet
 
 pytestmark = pytest.mark.django_db
 
@@ -37,36 +41,54 @@ def dated(txn: LedgerTransaction, when: datetime) -> None:
     txn.entries.update(created_at=when)
 
 
+def run_lease(fleet: Fleet, buyer, *, project, model: str, start: datetime, ticks: list[datetime], end: datetime,
+              memory_gb: float = 0, whole_gpu: bool = False) -> None:
+    """An on-demand lease that ran from `start` to `end`, metered by the beat at `ticks`: placed, carved by the
+    agent, started at `start` (as if the agent had answered then), ticked, ended; its charges dated to the
+    minutes they cover (statements select wallet movements by month)."""
+    order = orders.order_place(buyer=buyer, now=start, spec=OrderSpec(
+        mode="on_demand", gpu_models=[model], memory_gb=memory_gb, whole_gpu=whole_gpu, project_id=project.pk))
+    fleet.play()
+    lease = order.leases.get()
+    Lease.objects.filter(pk=lease.pk).update(started_at=start, accrued_until=start, billed_until=start)
+    for t in ticks:
+        leases.meter_tick(now=t)
+    leases.lease_end(lease_id=lease.pk, at=end)
+    fleet.play()
+    for rec in UsageRecord.objects.filter(lease_id=lease.pk).select_related("transaction"):
+        dated(rec.transaction, rec.minute)
+
+
 @pytest.fixture
 def november():
-    """Hand-computed month. Usage (fee 10%, rounded half-up per charge to the micro-dollar):
-    train / h100-80gb 3g.40gb: 60 s 0.123457 + 60 s 0.123457 + 30 s 0.061728 = 150 s 0.308642
-    train / h100-80gb 1g.10gb: 60 s 0.005000                                     (0.005 → 0.01 USD)
-    serve / a100-80gb whole:   60 s 1.000000 on 30 Nov 23:59 (the 1 Dec minute is December's)
-    serve / reservation 10.00 booked 10 Nov. October: 5.00 of usage; top-up 100.00 on 15 Oct.
+    """A month built through metering. Base prices: H100 4.00 (3g.40gb is half the GPU: 3.60/h on demand, 0.06 a
+    minute; 1g.10gb a seventh: 1.028571/h, 0.017143 a minute), L4 1.00 (1.80/h whole, 0.03 a minute); fee 10%
+    per charge, half-up to the micro-dollar:
+    train / h100-80gb 3g.40gb: 1 Nov 10:00:00-10:02:30 = 60 s 0.06 + 60 s 0.06 + 30 s 0.03 = 150 s 0.150000
+    train / h100-80gb 1g.10gb: 15 Nov 00:00-00:01 = 60 s 0.017143                        (0.017143 -> 0.02 USD)
+    serve / l4 whole:          30 Nov 23:59 - 1 Dec 00:01 = 60 s 0.03 in November, 60 s in December
+    serve / reservation 10.00 booked 10 Nov. October: 60 s of 3g.40gb (0.06); top-up 100.00 on 15 Oct.
     """
+    fleet = Fleet()
     buyer, provider = UserFactory(username="alice"), UserFactory(username="bob")
-    node, _ = node_with_token(provider=provider, name="rack-7")
+    node = fleet.node("h100-80gb:1", price="4.00", provider=provider)
+    Node.objects.filter(pk=node.pk).update(name="rack-7")
+    fleet.node("l4:1", price="1.00", provider=provider)
     train = project_create(user=buyer, name="train")
     serve = project_create(user=buyer, name="serve")
     dated(ledger.post(kind="topup", memo="t", idempotency_key="t", lines=[
         (ledger.platform_account("stripe_clearing"), D("-100")), (ledger.account_for(user=buyer, kind="wallet"), D("100"))]),
         at("2026-10-15T12:00"))
-    lease1, lease2, lease3, lease4 = (uuid.uuid4() for _ in range(4))
-    rows = [(lease1, train, "h100-80gb", "3g.40gb", "2026-11-01T10:00", 60, "0.123457", node.pk),
-            (lease1, train, "h100-80gb", "3g.40gb", "2026-11-01T10:01", 60, "0.123457", node.pk),
-            (lease1, train, "h100-80gb", "3g.40gb", "2026-11-01T10:02", 30, "0.061728", node.pk),
-            (lease2, train, "h100-80gb", "1g.10gb", "2026-11-15T00:00", 60, "0.005", node.pk),
-            (lease3, serve, "a100-80gb", "", "2026-11-30T23:59", 60, "1", None),
-            (lease3, serve, "a100-80gb", "", "2026-12-01T00:00", 60, "1", None),
-            (lease4, train, "h100-80gb", "3g.40gb", "2026-10-31T23:59", 60, "5", node.pk)]
-    for lease, project, model, profile, minute, seconds, amount, node_id in rows:
-        record = usage_record(lease_id=lease, buyer=buyer, provider=provider, project=project, gpu_model=model,
-                              profile=profile, minute=at(minute), seconds=seconds, amount=D(amount),
-                              node_id=node_id, fee_rate=D("0.10"))
-        dated(record.transaction, at(minute))
-    dated(ledger.charge(buyer=buyer, provider=provider, amount=D("10"), kind="reservation", project=serve,
-                        fee_rate=D("0.10"), idempotency_key="booking"), at("2026-11-10T09:00"))
+    run_lease(fleet, buyer, project=train, model="h100-80gb", memory_gb=40, start=at("2026-10-31T23:59"),
+              ticks=[], end=at("2026-11-01T00:00"))
+    run_lease(fleet, buyer, project=train, model="h100-80gb", memory_gb=40, start=at("2026-11-01T10:00"),
+              ticks=[at("2026-11-01T10:01:00.5"), at("2026-11-01T10:02:01")], end=at("2026-11-01T10:02:30"))
+    run_lease(fleet, buyer, project=train, model="h100-80gb", memory_gb=10, start=at("2026-11-15T00:00"),
+              ticks=[], end=at("2026-11-15T00:01"))
+    run_lease(fleet, buyer, project=serve, model="l4", whole_gpu=True, start=at("2026-11-30T23:59"),
+              ticks=[at("2026-12-01T00:00:00.5")], end=at("2026-12-01T00:01"))
+    dated(movements.charge(buyer=buyer, provider=provider, amount=D("10"), kind="reservation", project=serve,
+                           idempotency_key="booking"), at("2026-11-10T09:00"))
     return buyer, provider, train, serve, node
 
 
@@ -77,17 +99,17 @@ def test_a_monthly_statement_is_correct_to_the_cent_per_project_and_slice(novemb
     body = r.json()
     by_name = {p["project"]["name"]: p for p in body["projects"]}
     assert [(s["gpu_model"], s["profile"], s["gpu_seconds"], s["amount"], s["amount_usd"])
-            for s in by_name["train"]["slices"]] == [("h100-80gb", "1g.10gb", 60, "0.005000", "0.01"),
-                                                      ("h100-80gb", "3g.40gb", 150, "0.308642", "0.31")]
-    assert (by_name["train"]["usage_amount"], by_name["train"]["total_usd"]) == ("0.313642", "0.31")
-    assert [(s["profile"], s["gpu_seconds"], s["amount_usd"]) for s in by_name["serve"]["slices"]] == [("whole", 60, "1.00")]
+            for s in by_name["train"]["slices"]] == [("h100-80gb", "1g.10gb", 60, "0.017143", "0.02"),
+                                                      ("h100-80gb", "3g.40gb", 150, "0.150000", "0.15")]
+    assert (by_name["train"]["usage_amount"], by_name["train"]["total_usd"]) == ("0.167143", "0.17")
+    assert [(s["profile"], s["gpu_seconds"], s["amount_usd"]) for s in by_name["serve"]["slices"]] == [("whole", 60, "0.03")]
     assert by_name["serve"]["other_charges"] == [{"kind": "reservation", "amount": "10.000000", "amount_usd": "10.00"}]
-    assert by_name["serve"]["total_usd"] == "11.00"
-    assert body["totals"] == {"gpu_seconds": 270, "usage_amount": "1.313642", "usage_amount_usd": "1.31",
-                              "other_charges_amount": "10.000000", "amount": "11.313642", "amount_usd": "11.31"}
+    assert by_name["serve"]["total_usd"] == "10.03"
+    assert body["totals"] == {"gpu_seconds": 270, "usage_amount": "0.197143", "usage_amount_usd": "0.20",
+                              "other_charges_amount": "10.000000", "amount": "10.197143", "amount_usd": "10.20"}
     wallet = body["wallet"]
-    assert (wallet["opening_balance"], wallet["closing_balance"]) == ("95.000000", "83.686358")
-    assert wallet["movements"] == {"reservation": "-10.000000", "usage": "-1.313642"}
+    assert (wallet["opening_balance"], wallet["closing_balance"]) == ("99.940000", "89.742857")
+    assert wallet["movements"] == {"reservation": "-10.000000", "usage": "-0.197143"}
 
 
 def test_a_statement_for_one_project_and_as_csv(november):
@@ -95,25 +117,27 @@ def test_a_statement_for_one_project_and_as_csv(november):
     c = client_for(buyer)
     body = c.get("/api/v1/statements/", {"month": "2026-11", "project": train.pk}).json()
     assert [p["project"]["name"] for p in body["projects"]] == ["train"] and "wallet" not in body
-    assert body["totals"]["amount"] == "0.313642"
+    assert body["totals"]["amount"] == "0.167143"
     r = c.get("/api/v1/statements/", {"month": "2026-11", "format": "csv"})
     assert r.status_code == 200 and r["Content-Type"].startswith("text/csv")
     rows = list(csv.reader(io.StringIO(r.content.decode())))
     assert rows[0] == ["month", "project", "item", "gpu_model", "profile", "gpu_seconds", "amount_usd"]
     assert ["2026-11", "serve", "reservation", "", "", "", "10.00"] in rows
-    assert rows[-1] == ["2026-11", "", "total", "", "", "270", "11.31"]
+    assert rows[-1] == ["2026-11", "", "total", "", "", "270", "10.20"]
 
 
 def test_provider_earnings_per_node_and_model_with_fees(november):
     _, provider, _, _, node = november
     body = client_for(provider).get("/api/v1/earnings/", {"month": "2026-11"}).json()
-    # fees: 0.012346 + 0.012346 + 0.006173 + 0.000500 + 0.100000 = 0.131365
-    assert body["usage_totals"] == {"gpu_seconds": 270, "gross": "1.313642", "fee": "0.131365",
-                                    "net": "1.182277", "net_usd": "1.18"}
+    # fees: 0.006 + 0.006 + 0.003 (3g.40gb) + 0.001714 (1g.10gb) + 0.003 (l4) = 0.019714
+    assert body["usage_totals"] == {"gpu_seconds": 270, "gross": "0.197143", "fee": "0.019714",
+                                    "net": "0.177429", "net_usd": "0.18"}
     rows = {(r["node"]["name"] if r["node"] else None, r["gpu_model"]): r for r in body["usage"]}
-    assert rows[("rack-7", "h100-80gb")]["gross"] == "0.313642" and rows[(None, "a100-80gb")]["net"] == "0.900000"
-    assert body["ledger"] == {"reservation": "9.000000", "usage": "1.182277"}
-    assert body["month_net_usd"] == "10.18"
+    assert rows[("rack-7", "h100-80gb")]["gross"] == "0.167143" and rows[(rows_l4 := next(
+        k for k in rows if k[1] == "l4"))]["net"] == "0.027000"
+    assert rows_l4[0] is not None
+    assert body["ledger"] == {"reservation": "9.000000", "usage": "0.177429"}
+    assert body["month_net_usd"] == "9.18"
 
 
 @pytest.mark.parametrize("month", ["2026-13", "11-2026", "nope", "2026-1"])
@@ -133,18 +157,25 @@ def test_someone_elses_project_is_not_found_in_statements_usage_and_ledger(novem
     assert c.get("/api/v1/wallet/").json()["balance"] == "0.000000"
 
 
-def test_usage_is_recorded_and_charged_once_per_lease_minute():
-    buyer, provider = UserFactory(), UserFactory()
-    ledger.credit(user=buyer, amount=D("1"), idempotency_key="gift", memo="gift")
-    lease = uuid.uuid4()
-    kwargs = dict(lease_id=lease, buyer=buyer, provider=provider, gpu_model="l4", minute=at("2026-11-02T08:00"),
-                  seconds=60, amount=D("0.25"))
-    first, again = usage_record(**kwargs), usage_record(**kwargs)
-    assert first.pk == again.pk and UsageRecord.objects.count() == 1
-    assert ledger.wallet_balance(user=buyer) == D("0.75")
-    with pytest.raises(ledger.InsufficientFunds):
-        usage_record(**{**kwargs, "minute": at("2026-11-02T08:01"), "amount": D("0.75001")})
-    assert UsageRecord.objects.count() == 1 and ledger.wallet_balance(user=buyer) == D("0.75")
+def test_metering_posts_each_lease_minute_once_and_never_past_the_wallet():
+    fleet = Fleet()
+    buyer = UserFactory()
+    fleet.node("l4:1", price="1.00")  # 1.80/h whole: 0.03 a minute
+    movements.credit(user=buyer, amount=D("1"), idempotency_key="gift", memo="gift")
+    t0 = at("2026-11-02T08:00")
+    order = orders.order_place(buyer=buyer, now=t0, spec=OrderSpec(mode="on_demand", gpu_models=["l4"]))
+    lease = order.leases.get()
+    Lease.objects.filter(pk=lease.pk).update(started_at=t0, accrued_until=t0, billed_until=t0)
+    leases.meter_tick(now=at("2026-11-02T08:01:02"))
+    leases.meter_tick(now=at("2026-11-02T08:01:02"))  # a redelivered tick
+    leases.meter_tick(now=at("2026-11-02T08:01:04"))  # the same minute is not due again
+    assert list(UsageRecord.objects.values_list("minute", "seconds", "amount")) == [(t0, 60, D("0.030000"))]
+    assert LedgerTransaction.objects.filter(kind="usage").count() == 1
+    assert ledger.wallet_balance(user=buyer) == D("0.970000")
+    # Thirty-two minutes later the wallet holds 0.97 of the 0.99 owed: it pays what it holds, the lease ends.
+    leases.meter_tick(now=at("2026-11-02T08:34:01"))
+    assert ledger.wallet_balance(user=buyer) == D("0") and ledger_check() == []
+    assert Lease.objects.get(pk=lease.pk).state in ("ending", "ended")
 
 
 def test_projects_are_created_renamed_and_deleted_with_names_unique_per_user():
@@ -158,7 +189,7 @@ def test_projects_are_created_renamed_and_deleted_with_names_unique_per_user():
     assert c.post("/api/v1/projects/", {"name": ""}, format="json").status_code == 400
     assert c.patch(f"/api/v1/projects/{pid}/", {"name": "vision-2"}, format="json").json()["name"] == "vision-2"
     assert client_for(bob).delete(f"/api/v1/projects/{pid}/").status_code == 404
-    ledger.credit(user=alice, amount=D("1"), idempotency_key="g", memo="g", project=Project.objects.get(pk=pid))
+    movements.credit(user=alice, amount=D("1"), idempotency_key="g", memo="g", project=Project.objects.get(pk=pid))
     r = c.delete(f"/api/v1/projects/{pid}/")
     assert r.status_code == 409 and r.json()["error"]["code"] == "project_in_use"
     empty = c.post("/api/v1/projects/", {"name": "scratch"}, format="json").json()["id"]
@@ -173,7 +204,7 @@ def test_ledger_entries_filter_by_account_kind_date_and_project(november):
     r = c.get("/api/v1/ledger-entries/", {"kind": "reservation"}).json()["results"]
     assert [e["amount"] for e in r] == ["-10.000000"]
     r = c.get("/api/v1/ledger-entries/", {"since": "2026-11-30", "until": "2026-11-30"}).json()["results"]
-    assert [e["amount"] for e in r] == ["-1.000000"]
+    assert [e["amount"] for e in r] == ["-0.030000"]
     assert len(c.get("/api/v1/ledger-entries/", {"project": serve.pk}).json()["results"]) == 3
     assert c.get("/api/v1/ledger-entries/", {"since": "yesterday"}).status_code == 400
     assert c.get("/api/v1/ledger-entries/", {"account": "platform_fees"}).status_code == 400
@@ -194,14 +225,18 @@ def test_list_endpoints_take_a_fixed_number_of_queries(url):
     buyer, provider = UserFactory(), UserFactory()
     c = client_for(buyer if "earnings" not in url else provider)
 
+    fleet = Fleet()
+    fleet.node("l4:8", price="1.00", provider=provider)
+    t0 = at("2026-11-03T10:00")
+
     def add(n: int, offset: int):
         from marketplace.models import Payment
 
         for i in range(offset, offset + n):
             project = project_create(user=buyer, name=f"p{i}")
-            ledger.credit(user=buyer, amount=D("1"), idempotency_key=f"g{i}", memo="g", project=project)
-            usage_record(lease_id=uuid.uuid4(), buyer=buyer, provider=provider, project=project, gpu_model="l4",
-                         minute=at("2026-11-03T10:00"), seconds=60, amount=D("0.5"))
+            movements.credit(user=buyer, amount=D("1"), idempotency_key=f"g{i}", memo="g", project=project)
+            run_lease(fleet, buyer, project=project, model="l4", whole_gpu=True, start=t0, ticks=[],
+                      end=at("2026-11-03T10:01"))
             Payment.objects.create(user=buyer, stripe_payment_intent_id=f"pi_{i}", amount=D("5"))
 
     add(2, 0)

@@ -6,7 +6,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
-from marketplace.services.apikeys import api_key_create, api_key_revoke
+from marketplace.products.apikeys import api_key_create, api_key_revoke
 from scheduler.models import Node, Slice
 from scheduler.services import nodes as node_services
 from tests.agentframes import hello_from, sim_backend
@@ -131,8 +131,8 @@ def test_the_openapi_schema_and_its_docs_page_are_served():
 
 def test_a_provider_cannot_destroy_a_slice_under_a_buyers_lease_but_may_destroy_one_carved_by_hand():
     from marketplace.models import Lease
-    from marketplace.services import orders
-    from marketplace.services.orders import OrderSpec
+    from marketplace.products import orders
+    from marketplace.products.orders import OrderSpec
     from tests.marketplace.marketsim import Fleet, top_up
 
     fleet = Fleet()

@@ -347,27 +347,25 @@ def test_a_node_back_online_through_a_heartbeat_is_announced_and_logged_like_goi
     assert len(announced) == 1 and HealthEvent.objects.filter(kind="online").count() == 1
 
 
-def test_a_slice_held_according_to_a_hold_check_receiver_is_refused_to_its_provider_and_released_to_the_market():
-    from scheduler.signals import slice_hold_check
+def test_a_slice_the_market_port_says_is_held_is_refused_to_its_provider_and_released_to_the_market(monkeypatch):
+    from scheduler import ports
 
     node = online_node()
     held, free = _ready_slice(node, instance_uuid="MIG-held"), _ready_slice(node, start=4, instance_uuid="MIG-free")
 
-    def holder(sender, slice, **kw):
-        return "held by a test lease" if slice.pk == held.pk else None
+    class Market(type(ports.market())):
+        def slice_holder(self, *, sl):
+            return "held by a test lease" if sl.pk == held.pk else None
 
-    slice_hold_check.connect(holder, dispatch_uid="test.holder")
-    try:
-        with pytest.raises(Conflict) as err:
-            slice_services.slice_destroy(slice_id=held.pk, by_provider=True)
-        assert err.value.status == 409 and "held by a test lease" in err.value.message
-        assert Slice.objects.get(pk=held.pk).state == Slice.State.READY
-        assert not AgentCommand.objects.filter(slice=held, op="destroy_instance").exists()
-        assert slice_services.slice_destroy(slice_id=free.pk, by_provider=True).state == Slice.State.DESTROYING
-        # The market ending its own lease is not a provider's request.
-        assert slice_services.slice_destroy(slice_id=held.pk).state == Slice.State.DESTROYING
-    finally:
-        slice_hold_check.disconnect(dispatch_uid="test.holder")
+    monkeypatch.setattr(ports, "_market", Market())
+    with pytest.raises(Conflict) as err:
+        slice_services.slice_destroy(slice_id=held.pk, by_provider=True)
+    assert err.value.status == 409 and "held by a test lease" in err.value.message
+    assert Slice.objects.get(pk=held.pk).state == Slice.State.READY
+    assert not AgentCommand.objects.filter(slice=held, op="destroy_instance").exists()
+    assert slice_services.slice_destroy(slice_id=free.pk, by_provider=True).state == Slice.State.DESTROYING
+    # The market ending its own lease is not a provider's request.
+    assert slice_services.slice_destroy(slice_id=held.pk).state == Slice.State.DESTROYING
 
 
 def _offline(node):

@@ -13,8 +13,8 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from marketplace.services import localstripe
-from marketplace.services.demo import DEMO_USERS, demo_seed
+from marketplace.management import localstripe
+from marketplace.products.demo import DEMO_USERS, demo_seed
 
 
 def _port_free(host: str, port: int) -> bool:

@@ -2,7 +2,9 @@
 nodes' schedulable GPUs with the geometry their agents reported. Each offer carries how many could be placed
 now, performance units, the price of each mode (DESIGN §5), $ per PU-hour, reliability and its spot
 interruption history. Node-level filters (CUDA, region, reliability) apply before aggregation, so an offer's
-availability and prices count only the nodes that pass them. A handful of queries whatever the fleet size.
+availability and prices count only the nodes that pass them. It reads the shared pool snapshot
+(claims/snapshot.py, at most SNAPSHOT_TTL_SECONDS old) and prices through pricing.price_for: a handful of
+queries whatever the fleet size, none at all while the snapshot is fresh but the listings and interruptions.
 """
 from __future__ import annotations
 
@@ -13,14 +15,14 @@ from decimal import Decimal
 
 from django.utils import timezone
 
+from marketplace.amounts import micro
+from marketplace.claims import snapshot
 from marketplace.models import Interruption, ResaleListing
-from marketplace.services import capacity
-from marketplace.services.spot import spot_factor_for
+from marketplace.pricing import price_for, spot_factor_for
 from scheduler.core import mig as core_mig
 from scheduler.core import perf
 from scheduler.core.filters import version_tuple
 from scheduler.core.gpus import GPU_MODELS
-from scheduler.services import allocation
 
 WHOLE = "whole"
 SORTS = {"price", "pu_per_dollar", "reliability", "availability", "memory_gb", "pu"}
@@ -70,7 +72,7 @@ class Offer:
 
     def usd_per_pu_hour(self, mode: str = "on_demand") -> Decimal | None:
         p = self.price(mode)
-        return capacity.micro(p / Decimal(str(self.pu))) if p is not None and self.pu else None
+        return micro(p / Decimal(str(self.pu))) if p is not None and self.pu else None
 
 
 def _free_count(geometry: core_mig.MigGeometry, layout: tuple, profile: str) -> int:
@@ -88,12 +90,20 @@ def _free_count(geometry: core_mig.MigGeometry, layout: tuple, profile: str) -> 
 def offer_list(*, filters: Filters, now: datetime | None = None) -> list[Offer]:
     """The offers passing `filters`, sorted by `filters.ordering` ("price", "-availability", ...)."""
     now = now or timezone.now()
-    snap = allocation.pool_snapshot(
-        models=[filters.gpu_model] if filters.gpu_model else None, classify=capacity.lease_classifier(),
-        holds=capacity.reservation_holds(start=now, end=now + timedelta(seconds=1)))
+    ms = snapshot.cached()
+    with snapshot.view(ms, start=now, end=now + timedelta(seconds=1)) as snap:
+        offers = _aggregate(snap, filters)
+    out = list(offers.values())
+    _decorate(out, now, ms.pool.spot_factors)
+    out = [o for o in out if _offer_passes(filters, o)]
+    return _sorted(out, filters)
+
+
+def _aggregate(snap, filters: Filters) -> dict[tuple, Offer]:
     offers: dict[tuple, Offer] = {}
     counts: dict[tuple, int] = {}
-    for rec in snap.pool.records:
+    records = snap.pool.by_model.get(filters.gpu_model, []) if filters.gpu_model else snap.pool.records
+    for rec in records:
         node, gpu = snap.nodes[rec.node.id], rec.gpu
         if gpu.health == "cordoned" or not _node_passes(filters, node, rec.node.cuda_version):
             continue
@@ -126,10 +136,7 @@ def offer_list(*, filters: Filters, now: datetime | None = None) -> list[Offer]:
             o.cuda_version = max(o.cuda_version, node.cuda_version or "", key=lambda v: version_tuple(v or "0"))
             _price_node(o, node=node, geometry=gpu.geometry, profile=prof.name if prof else None,
                         available=free > 0)
-    out = list(offers.values())
-    _decorate(out, now)
-    out = [o for o in out if _offer_passes(filters, o)]
-    return _sorted(out, filters)
+    return offers
 
 
 def _node_passes(f: Filters, node, cuda: str) -> bool:
@@ -144,21 +151,22 @@ def _node_passes(f: Filters, node, cuda: str) -> bool:
 
 def _price_node(o: Offer, *, node, geometry, profile, available: bool) -> None:
     """Keep the cheapest node's prices, preferring nodes with capacity free now."""
-    od = capacity.on_demand_price(node=node, geometry=geometry, profile=profile)
+    od = price_for(mode="on_demand", base_per_gpu_hour=node.price_per_gpu_hour, geometry=geometry, profile=profile)
     best = o.prices.get("_od")
     better = (best is None or (available and not o.prices.get("_avail")) or
               (available == bool(o.prices.get("_avail")) and od < best))
     if not better:
         return
-    share = capacity.share_of(geometry, profile)
-    o.prices.update({"_od": od, "_avail": available, "on_demand": od,
-                     "reserved": capacity.micro(node.price_per_gpu_hour * share * Decimal("0.85")),
-                     "reserved_short_notice": capacity.micro(node.price_per_gpu_hour * share)})
+    base = node.price_per_gpu_hour
+    o.prices.update({"_od": od, "_avail": available, "_base": (base, geometry, profile), "on_demand": od,
+                     "reserved": price_for(mode="reserved", base_per_gpu_hour=base, geometry=geometry,
+                                           profile=profile),
+                     "reserved_short_notice": price_for(mode="reserved_short_notice", base_per_gpu_hour=base,
+                                                        geometry=geometry, profile=profile)})
 
 
-def _decorate(offers: list[Offer], now: datetime) -> None:
+def _decorate(offers: list[Offer], now: datetime, factors: dict) -> None:
     """Spot and resale prices, reliability and interruption history (one query each)."""
-    factors: dict[str, Decimal] = {}
     asks: dict[tuple, Decimal] = {}
     for m, p, r, ask in ResaleListing.objects.filter(state=ResaleListing.State.OPEN, starts_at__gte=now).values_list(
             "gpu_model", "profile", "region", "ask_per_hour"):
@@ -169,10 +177,10 @@ def _decorate(offers: list[Offer], now: datetime) -> None:
             "gpu_model", "profile", "region", "kind", "announced_at", "notice_seconds").order_by("-announced_at"):
         history[(m, p, r)].append((kind, at, notice))
     for o in offers:
+        base, geometry, profile = o.prices.pop("_base")
         o.prices.pop("_od", None), o.prices.pop("_avail", None)
-        if o.gpu_model not in factors:
-            factors[o.gpu_model] = spot_factor_for(model=o.gpu_model)
-        o.prices["spot"] = capacity.micro(o.prices["on_demand"] * factors[o.gpu_model])
+        o.prices["spot"] = price_for(mode="spot", base_per_gpu_hour=base, geometry=geometry, profile=profile,
+                                     spot_factor=spot_factor_for(model=o.gpu_model, known=factors))
         if (o.gpu_model, o.profile, o.region) in asks:
             o.prices["resale"] = asks[(o.gpu_model, o.profile, o.region)]
         o.reliability = round(sum(o._rel) / len(o._rel), 4) if o._rel else 0.0

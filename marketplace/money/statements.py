@@ -9,21 +9,21 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 from datetime import date, datetime, timezone
-from decimal import ROUND_HALF_UP, Decimal
+from decimal import Decimal
 
 from django.db import connection
 from django.db.models import QuerySet, Sum
 
+from marketplace import amounts
+from marketplace.amounts import ZERO
 from marketplace.models import Account, LedgerEntry, Project, UsageRecord
 from scheduler.errors import DomainError, NotFound
 from scheduler.models import Node
 
-CENT = Decimal("0.01")
-ZERO = Decimal("0")
 
 
 def cents(value: Decimal) -> str:
-    return str(value.quantize(CENT, rounding=ROUND_HALF_UP))
+    return str(amounts.cents(value))
 
 
 def month_bounds(month: str | None) -> tuple[str, datetime, datetime]:
@@ -70,9 +70,9 @@ def statement(*, user, month: str | None, project_id=None) -> dict:
     if project_id not in (None, ""):
         project = user_project(user=user, project_id=project_id)
         usage = usage.filter(project=project)
-        month_wallet = month_wallet.filter(transaction__project=project)
+        month_wallet = month_wallet.filter(project=project)
     slices = _grouped(usage, ["project", "gpu_model", "profile"], ["seconds", "amount"])
-    moves = _grouped(month_wallet, ["transaction__project", "transaction__kind"], ["amount"])
+    moves = _grouped(month_wallet, ["project", "transaction__kind"], ["amount"])
     names = dict(Project.objects.filter(user=user).values_list("pk", "name"))
     projects: dict = defaultdict(lambda: {"slices": [], "usage": ZERO, "seconds": ZERO, "other": {}})
     for (pid, model, profile), s in sorted(slices.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1], kv[0][2])):

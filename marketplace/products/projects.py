@@ -41,7 +41,7 @@ def project_update(*, project: Project, name: str | None = None, description: st
 
 def project_delete(*, project: Project) -> None:
     """Delete a project that nothing was billed to; statements must keep their grouping."""
-    if UsageRecord.objects.filter(project=project).exists() or project.transactions.exists():
+    if UsageRecord.objects.filter(project=project).exists() or project.transactions.exists() or project.entries.exists():
         raise Conflict("this project has usage or charges on record and cannot be deleted; rename it instead",
                        code="project_in_use")
     try:

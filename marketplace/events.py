@@ -1,5 +1,6 @@
-"""Side effects of market changes, always after commit: the buyer's sockets, the buyer's webhook and the
-agent of the node (a `notice` command, itself sent after commit by command_issue)."""
+"""What the market announces, always after commit: the buyer's console sockets, the buyer's webhook (a
+Celery task, called by name: nothing below the interfaces imports tasks.py). The agent of a node hears
+through fleet commands (scheduler.services.commands), which are sent after commit too."""
 from __future__ import annotations
 
 import json
@@ -10,9 +11,14 @@ import urllib.request
 from django.conf import settings
 from django.db import transaction
 
+from scheduler.errors import DomainError
 from scheduler.services.events import announce_buyer
 
+from .notifications import webhook_for, webhook_url_check
+
 log = logging.getLogger(__name__)
+
+DELIVER_WEBHOOK = "market.deliver_webhook"
 
 
 def tell_buyer(user_id, event: dict) -> None:
@@ -20,29 +26,29 @@ def tell_buyer(user_id, event: dict) -> None:
     transaction.on_commit(lambda: announce_buyer(user_id, event))
 
 
-def webhook_later(url: str, payload: dict) -> None:
-    """POST `payload` to the buyer's webhook from a Celery task once the transaction commits."""
-    if not url:
-        return
-    from marketplace.tasks import deliver_webhook
+def run_task(name: str, *args) -> None:
+    """Queue the Celery task registered as `name` (run at once where tasks are eager, as in tests)."""
+    from celery import current_app
 
-    transaction.on_commit(lambda: deliver_webhook.delay(url, payload))
+    if name not in current_app.tasks:
+        current_app.loader.import_default_modules()  # the apps' tasks modules register their tasks
+    current_app.tasks[name].delay(*args)
+
+
+def webhook_later(url: str, payload: dict) -> None:
+    """POST `payload` to `url` from a Celery task once the transaction commits."""
+    if url:
+        transaction.on_commit(lambda: run_task(DELIVER_WEBHOOK, url, payload))
 
 
 def notify_webhook(*, user_id, kind: str, payload: dict, order_webhook: str = "") -> None:
     """POST a market event of `kind` after commit to the order's own webhook, else the account's (if on)."""
-    from .notifications import webhook_for
-
     webhook_later(webhook_for(user_id=user_id, kind=kind, order_webhook=order_webhook), payload)
 
 
 def webhook_post(*, url: str, payload: dict, timeout: float | None = None) -> bool:
     """One POST with a short timeout; failures are logged, never raised (the socket and agent still know).
     The host's addresses are checked again here: a name may resolve to a private address (SSRF)."""
-    from scheduler.errors import DomainError
-
-    from .notifications import webhook_url_check
-
     try:
         webhook_url_check(url, resolve=True)
     except DomainError as exc:

@@ -17,14 +17,14 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
 from marketplace.models import Payment, StripeEvent
-from marketplace.services import ledger
+from marketplace.amounts import CENT, money
+from marketplace.money import ledger, movements
 from scheduler.errors import Conflict, DomainError, NotFound
 
 log = logging.getLogger(__name__)
 
 TOPUP_MIN = Decimal("1.00")
 TOPUP_MAX = Decimal("10000.00")
-CENT = Decimal("0.01")
 
 
 class PaymentsUnavailable(DomainError):
@@ -60,7 +60,7 @@ def _provider_error(exc: stripe.StripeError) -> DomainError:
 
 def topup_amount(value) -> Decimal:
     """A top-up amount in dollars: whole cents within the configured bounds."""
-    amount = ledger.money(value)
+    amount = money(value)
     if amount != amount.quantize(CENT):
         raise DomainError("a top-up is a whole number of cents", field="amount")
     if not (TOPUP_MIN <= amount <= TOPUP_MAX):
@@ -149,10 +149,7 @@ def apply_succeeded_intent(*, intent_id: str, amount_cents: int, currency: str, 
         amount = (Decimal(amount_cents) / 100).quantize(CENT)
         if amount != payment.amount:
             raise DomainError(f"PaymentIntent {intent_id} is for {amount} USD, the payment for {payment.amount} USD")
-        ledger.post(kind="topup", memo=f"top-up {amount} USD via Stripe {intent_id}",
-                    idempotency_key=f"stripe:pi:{intent_id}",
-                    lines=[(ledger.platform_account("stripe_clearing"), -amount),
-                           (ledger.account_for(user=payment.user, kind="wallet"), amount)])
+        movements.topup(user=payment.user, amount=amount, intent_id=intent_id)
         if payment.status not in (Payment.Status.SUCCEEDED, Payment.Status.REFUNDED):
             payment.status = Payment.Status.SUCCEEDED
             payment.failure_message = ""
@@ -229,18 +226,15 @@ def apply_charge_refunded(*, intent_id: str, refunded_cents: int, currency: str,
         missing = stripe_total - payment.refunded_amount
         if missing <= 0:
             return payment
-        wallet = ledger.account_for(user=payment.user, kind="wallet")
         from_wallet = min(missing, ledger.wallet_balance(user=payment.user))
-        lines = [(ledger.platform_account("stripe_clearing"), missing), (wallet, -from_wallet)]
         if from_wallet < missing:
             # The buyer spent it before the card was refunded outside the app: the platform bears the rest.
-            lines.append((ledger.platform_account("promotions"), -(missing - from_wallet)))
             log.error("refund of %s outside the app: %s USD of it was already spent; the platform bears it",
                       intent_id, missing - from_wallet)
         # One key per Stripe total: a second event with the same total finds it (and the row says so anyway).
-        ledger.post(kind="refund", memo=f"refund {missing} USD of Stripe {intent_id} (reconciled from Stripe)",
-                    idempotency_key=f"stripe:refund-seen:{intent_id}:{stripe_total}",
-                    lines=[(a, x) for a, x in lines if x])
+        movements.topup_refund(user=payment.user, amount=missing, spent_by_platform=missing - from_wallet,
+                               idempotency_key=f"stripe:refund-seen:{intent_id}:{stripe_total}",
+                               memo=f"refund {missing} USD of Stripe {intent_id} (reconciled from Stripe)")
         payment.refunded_amount = stripe_total
         if payment.refunded_amount == payment.amount:
             payment.status = Payment.Status.REFUNDED
@@ -269,7 +263,7 @@ def payment_refund(*, payment_id, user=None, amount: Decimal | None = None, unsp
             amount = min(remaining, wallet)
             if amount <= 0:
                 raise ledger.InsufficientFunds("The wallet is empty: nothing of this top-up is left to refund.")
-        amount = remaining if amount is None else ledger.money(amount)
+        amount = remaining if amount is None else money(amount)
         if amount != amount.quantize(CENT) or not (Decimal("0") < amount <= remaining):
             raise DomainError(f"a refund is a whole number of cents between 0.01 and {remaining} USD", field="amount")
         amount = amount.quantize(CENT)
@@ -278,10 +272,8 @@ def payment_refund(*, payment_id, user=None, amount: Decimal | None = None, unsp
         # Ledger first (it locks the wallet and refuses spent money), then Stripe: if Stripe refuses, the
         # exception rolls the ledger back. Holding the wallet lock over one HTTP call is the price of never
         # refunding money the buyer has already spent.
-        ledger.post(kind="refund", memo=f"refund {amount} USD of Stripe {payment.stripe_payment_intent_id}",
-                    idempotency_key=key,
-                    lines=[(ledger.account_for(user=payment.user, kind="wallet"), -amount),
-                           (ledger.platform_account("stripe_clearing"), amount)])
+        movements.topup_refund(user=payment.user, amount=amount, idempotency_key=key,
+                               memo=f"refund {amount} USD of Stripe {payment.stripe_payment_intent_id}")
         try:
             stripe.Refund.create(payment_intent=payment.stripe_payment_intent_id, amount=_cents(amount),
                                  idempotency_key=key)

@@ -7,7 +7,7 @@ from decimal import Decimal
 from django.contrib.auth import get_user_model
 from django.db import transaction
 
-from marketplace.services import ledger
+from marketplace.money import movements
 from scheduler.models import Node
 from scheduler.services import nodes as node_services
 
@@ -57,6 +57,6 @@ def demo_seed() -> list[tuple[DemoNode, Node, str]]:
                 token = node_services.node_rotate_token(node=node)
             out.append((spec, node, token))
         # A welcome credit, once, so the demo buyer can order at once (topping up works too).
-        ledger.credit(user=users["buyer"], amount=DEMO_BUYER_CREDIT, idempotency_key="demo:buyer-credit",
+        movements.credit(user=users["buyer"], amount=DEMO_BUYER_CREDIT, idempotency_key="demo:buyer-credit",
                       memo="demo welcome credit")
     return out

@@ -1,0 +1,338 @@
+"""The lease lifecycle: every state of a lease and every transition, here and nowhere else.
+
+    open ──► provisioning ──slice ready──► running ──interrupt (spot)──► interrupting ─┐
+                  │                          │  └──end (buyer, duration, window, money, node)──► ending ──► ended
+                  └──slice failed──► failed  │                                         ▲   (instance destroyed)
+                                             └─────────────────────────────────────────┘
+
+Each transition is one function and one transaction (the outermost one when a buyer, a tick or the API
+calls it; inside the fleet's when a fleet fact arrives through the port, so the lease moves in the same
+commit as its slice), and announces itself on commit (events.py). Billing starts at running and stops at
+ending or interrupting (metering settles the rest then); the instance is destroyed after that and its
+destruction ends the lease. A lease lost by the platform (provisioning failed, node offline) refunds what it
+was charged (failed) or gives its reserved window back to be placed again (products/reservations.py).
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.db import transaction
+from django.utils import timezone
+
+from marketplace import events, metering
+from marketplace.amounts import cost
+from marketplace.claims.holds import overlapping_reservations
+from marketplace.conf import market
+from marketplace.models import Interruption, LedgerTransaction, Lease, Mode, Order, Reservation, SpotBid
+from marketplace.money import movements
+from scheduler.errors import NotFound
+from scheduler.models import Node, Slice
+from scheduler.services.commands import command_issue
+from scheduler.services.slices import slice_destroy
+
+SIBLING_FAILED = "another GPU of the order failed"
+# Why a reserved window's lease can be lost through no fault of its holder: the window is placed again for
+# the rest of its span and the time it was not delivered is refunded pro rata.
+LOST_REASONS = ("node offline", "provisioning failed")
+RUNNING_STATES = (Lease.State.RUNNING, Lease.State.PROVISIONING, Lease.State.INTERRUPTING)
+
+
+def connection_facts(lease: Lease) -> dict | None:
+    """What the buyer's process needs: the node, the device UUID and CUDA_VISIBLE_DEVICES (once running)."""
+    sl = lease.slice
+    if lease.state not in (Lease.State.RUNNING, Lease.State.INTERRUPTING):
+        return None
+    node = sl.gpu.node
+    return {"node": str(node.pk), "hostname": node.hostname, "region": node.region, "gpu_uuid": sl.gpu.uuid,
+            "device_uuid": sl.cuda_visible_devices, "mig_profile": sl.profile or None,
+            "env": {"CUDA_VISIBLE_DEVICES": sl.cuda_visible_devices}}
+
+
+def _event(lease: Lease, kind: str, **extra) -> dict:
+    return {"type": kind, "lease": str(lease.pk), "state": lease.state, "mode": lease.mode, **extra}
+
+
+def _order_webhook(lease: Lease) -> str:
+    """The order's own webhook URL (it wins over the account's for that order's leases)."""
+    if lease.order_id is None:
+        return ""
+    return Order.objects.filter(pk=lease.order_id).values_list("webhook_url", flat=True).first() or ""
+
+
+def _locked(lease_id, buyer=None, *, missing_ok: bool = False) -> Lease | None:
+    qs = Lease.objects.select_for_update(of=("self",)).select_related(*metering.LOCKED, "buyer")
+    if buyer is not None:
+        qs = qs.filter(buyer=buyer)
+    lease = qs.filter(pk=lease_id).first()
+    if lease is None and not missing_ok:
+        raise NotFound("no such lease among yours", field="lease")
+    return lease
+
+
+# --- open and run --------------------------------------------------------------------------------------------
+
+def lease_open(*, order: Order | None, buyer, sl: Slice, mode: str, price_per_hour: Decimal,
+               ends_at: datetime | None, reservation: Reservation | None = None, bid: Decimal | None = None,
+               now: datetime) -> Lease:
+    """A lease on a just-claimed slice (inside the transaction that claimed it): provisioning until the agent
+    has made the instance, or running at once on a whole GPU that needs nothing carved."""
+    with transaction.atomic():
+        lease = Lease.objects.create(order=order, buyer=buyer, slice=sl, mode=mode, price_per_hour=price_per_hour,
+                                     bid_per_hour=bid, ends_at=ends_at, reservation=reservation,
+                                     metered=mode in (Mode.ON_DEMAND, Mode.SPOT))
+        if reservation is not None:
+            Reservation.objects.filter(pk=reservation.pk).update(state=Reservation.State.ACTIVE)
+        if sl.state == Slice.State.READY:
+            _run(lease, at=sl.ready_at or now)
+        events.tell_buyer(buyer.pk, _event(lease, "lease_opened"))
+    return lease
+
+
+def _run(lease: Lease, *, at: datetime) -> None:
+    lease.state, lease.started_at = Lease.State.RUNNING, at
+    metering.start(lease, at)
+    lease.ends_at = running_ends_at(lease=lease, at=at)
+    lease.save(update_fields=["state", "started_at", "accrued_until", "billed_until", "ends_at"])
+    if lease.mode == Mode.SPOT:
+        SpotBid.objects.filter(order_id=lease.order_id).update(state=SpotBid.State.WON)
+    events.tell_buyer(lease.buyer_id, _event(lease, "lease_running", connection=connection_facts(lease)))
+
+
+def running_ends_at(*, lease: Lease, at: datetime) -> datetime | None:
+    """When a lease that starts running at `at` ends: an order's duration counts from here (a buyer who paid
+    for 2 h of compute gets 2 h of running, however long the carving took); a reservation's window and an
+    interruption's deadline are fixed instants and stay. A later reserved window on the same memory slices
+    still wins: the lease then ends when that window starts (only possible when provisioning took longer
+    than the allowance its holds were taken for, claims.holds.provision_allowance)."""
+    order = lease.order
+    if lease.reservation_id is not None or order is None or not order.duration_seconds:
+        return lease.ends_at
+    ends = at + timedelta(seconds=order.duration_seconds)
+    sl = lease.slice
+    first = (overlapping_reservations(gpu_id=sl.gpu_id, slots=sl.slots, start=at, end=ends)
+             .order_by("starts_at").values_list("starts_at", flat=True).first())
+    return min(ends, first) if first is not None and first > at else ends
+
+
+def slice_ready(*, sl: Slice, at: datetime) -> None:
+    """The agent made the instance (with its MIG UUID): the lease runs and billing starts."""
+    with transaction.atomic():
+        # Lock the lease: the race is the buyer ending it while the agent's result arrives.
+        lease = Lease.objects.select_for_update().filter(slice=sl, state=Lease.State.PROVISIONING).first()
+        if lease is not None:
+            lease.slice = sl
+            _run(lease, at=at)
+
+
+# --- failing ---------------------------------------------------------------------------------------------------
+
+def slice_failed(*, sl: Slice, at: datetime, reason: str) -> None:
+    """Carving failed: the capacity is free again; the lease failed, anything charged for it is refunded, a
+    k-GPU order's other GPUs end too, and a queue-or-fail order goes back to the queue or fails."""
+    with transaction.atomic():
+        # Lock the lease: the race is the buyer ending it while the agent's failure arrives.
+        lease = Lease.objects.select_for_update().filter(slice=sl, state__in=Lease.OPEN_STATES).first()
+        if lease is None:
+            return
+        sibling_ended = lease.end_reason == SIBLING_FAILED  # the order was dealt with when its sibling failed
+        lease.state, lease.ended_at, lease.end_reason = Lease.State.FAILED, at, "provisioning failed"
+        lease.save(update_fields=["state", "ended_at", "end_reason"])
+        _window_lost(lease)
+        _refund_usage(lease.pk, memo=f"provisioning failed: {reason}")
+        if lease.order_id and lease.mode in (Mode.ON_DEMAND, Mode.SPOT) and not sibling_ended:
+            _end_siblings(lease, at=at, reason=reason)
+            # Lock the order: the race is the buyer cancelling it while it goes back to the queue.
+            order = Order.objects.select_for_update().get(pk=lease.order_id)
+            requeue = order.if_unavailable == Order.IfUnavailable.QUEUE
+            order.state = Order.State.QUEUED if requeue else Order.State.FAILED
+            order.explain = f"provisioning failed: {reason}"[:500]
+            order.save(update_fields=["state", "explain"])
+        event = _event(lease, "lease_failed", reason=reason)
+        events.tell_buyer(lease.buyer_id, event)
+        events.notify_webhook(user_id=lease.buyer_id, kind="lease_failed", payload=event,
+                              order_webhook=_order_webhook(lease))
+
+
+def _window_lost(lease: Lease) -> None:
+    """A reserved window's lease was lost mid-window: the window goes back to booked, so the beat places it
+    again for the rest of its span (products/reservations.py)."""
+    if lease.reservation_id is not None:
+        Reservation.objects.filter(pk=lease.reservation_id, state=Reservation.State.ACTIVE).update(
+            state=Reservation.State.BOOKED)
+
+
+def _refund_usage(lease_id, *, memo: str) -> None:
+    for txn in LedgerTransaction.objects.filter(lease_id=lease_id, kind="usage"):
+        if movements.refundable(original=txn)[1] > 0:  # what an operator refunded already is not given twice
+            movements.refund(original=txn, idempotency_key=f"refund:{txn.pk}", memo=memo[:400])
+
+
+def _end_siblings(lease: Lease, *, at: datetime, reason: str) -> None:
+    """A k-GPU order is all or nothing: when one of its GPUs fails to provision, the others end and whatever
+    they were charged is refunded (the buyer asked for the k GPUs together)."""
+    siblings = (Lease.objects.filter(order_id=lease.order_id, state__in=Lease.OPEN_STATES)
+                .exclude(pk=lease.pk).order_by("pk").values_list("id", flat=True))
+    for sibling_id in list(siblings):
+        sibling = _locked(sibling_id)
+        if sibling.state in RUNNING_STATES:
+            _stop(sibling, reason=SIBLING_FAILED, at=at)
+        _refund_usage(sibling.pk, memo=f"another GPU of the order failed to provision: {reason}")
+
+
+# --- ending ----------------------------------------------------------------------------------------------------
+
+def _stop(lease: Lease, *, reason: str, at: datetime) -> None:
+    """Settle the meter, mark the lease ending and destroy its instance (lease locked by the caller)."""
+    if lease.state == Lease.State.RUNNING:
+        metering.settle(lease, now=at)
+    lease.state = Lease.State.ENDING
+    lease.ended_at = lease.ended_at or at
+    lease.end_reason = lease.end_reason or reason
+    lease.save(update_fields=["state", "ended_at", "end_reason"])
+    if lease.mode == Mode.SPOT:
+        SpotBid.objects.filter(order_id=lease.order_id, state__in=[SpotBid.State.OPEN, SpotBid.State.WON]).update(
+            state=SpotBid.State.CLOSED)
+    slice_destroy(slice_id=lease.slice_id)  # may end the lease at once (nothing carved yet)
+    events.tell_buyer(lease.buyer_id, _event(lease, "lease_ending", reason=lease.end_reason))
+
+
+def lease_end(*, lease_id, reason: str = "ended by the buyer", buyer=None, at: datetime | None = None) -> Lease:
+    """End a lease: billing stops now, the instance is destroyed. Idempotent; `buyer` limits it to theirs."""
+    at = at or timezone.now()
+    with transaction.atomic():
+        # Lock the lease: the race is the meter billing it, or the agent's result arriving, meanwhile.
+        lease = _locked(lease_id, buyer)
+        if lease.state in RUNNING_STATES:
+            _stop(lease, reason=reason, at=at)
+    return Lease.objects.select_related("slice__gpu__node").get(pk=lease_id)
+
+
+def slice_destroyed(*, sl: Slice, at: datetime) -> None:
+    """The instance is gone: an ending lease has ended (one whose instance vanished under it too)."""
+    with transaction.atomic():
+        # Lock the lease: the race is a second destroy confirmation or the beat ending it at the same time.
+        lease = Lease.objects.select_for_update().filter(slice=sl, state__in=Lease.OPEN_STATES).first()
+        if lease is None:
+            return
+        if lease.state == Lease.State.RUNNING:
+            metering.settle(lease, now=at)  # gone under it: billed up to now, then over
+        lease.state = Lease.State.ENDED
+        lease.ended_at = lease.ended_at or at
+        lease.end_reason = lease.end_reason or "instance destroyed"
+        lease.save(update_fields=["state", "ended_at", "end_reason"])
+        event = _event(lease, "lease_ended", reason=lease.end_reason)
+        events.tell_buyer(lease.buyer_id, event)
+        events.notify_webhook(user_id=lease.buyer_id, kind="lease_ended", payload=event,
+                              order_webhook=_order_webhook(lease))
+
+
+def node_offline(*, node_id, at: datetime) -> None:
+    """The node went silent: its open leases end at `at` (spot ones count as interrupted without notice, so
+    credited; a reserved window goes back to booked, to be placed again for the rest of its span)."""
+    for lease_id, mode in list(Lease.objects.filter(slice__gpu__node_id=node_id, state__in=Lease.OPEN_STATES)
+                               .values_list("id", "mode")):
+        with transaction.atomic():
+            if mode == Mode.SPOT:
+                lease_interrupt(lease_id=lease_id, kind=Interruption.Kind.NODE_OFFLINE, deadline=at, now=at)
+            lease = lease_end(lease_id=lease_id, reason="node offline", at=at)
+            if lease.end_reason == "node offline":
+                _window_lost(lease)
+
+
+# --- spot ------------------------------------------------------------------------------------------------------
+
+def lease_interrupt(*, lease_id, kind: str, now: datetime | None = None,
+                    deadline: datetime | None = None) -> Interruption | None:
+    """Interrupt a spot lease with a notice ending at `deadline` (default: the full notice from now): billing
+    stops now, the buyer hears over the socket, the webhook and the agent; a notice shorter than promised is
+    credited (SHORT_NOTICE_CREDIT_HOURS of its price). The lease is stopped when the deadline passes."""
+    now = now or timezone.now()
+    required = market("SPOT_NOTICE_SECONDS")
+    deadline = deadline or now + timedelta(seconds=required)
+    with transaction.atomic():
+        # Lock the lease: the race is two interrupters (price tick, preemption, reservation) or the meter.
+        lease = _locked(lease_id, missing_ok=True)
+        if lease is None or lease.mode != Mode.SPOT or lease.state not in (Lease.State.RUNNING,
+                                                                          Lease.State.PROVISIONING):
+            return None
+        given = max(0.0, (deadline - now).total_seconds())
+        was_running = lease.state == Lease.State.RUNNING
+        if was_running:
+            metering.settle(lease, now=now)  # billing stops at the interruption
+        lease.state, lease.ends_at = Lease.State.INTERRUPTING, deadline
+        lease.save(update_fields=["state", "ends_at"])
+        sl, gpu = lease.slice, lease.slice.gpu
+        intr = Interruption.objects.create(
+            lease=lease, kind=kind, announced_at=now, deadline=deadline, notice_seconds=given,
+            required_notice_seconds=required, gpu_model=gpu.gpu_model.key if gpu.gpu_model else "",
+            profile=sl.profile or "whole", region=gpu.node.region)
+        if was_running and given + 1e-6 < required:
+            amount = cost(per_hour=lease.price_per_hour, seconds=market("SHORT_NOTICE_CREDIT_HOURS") * 3600)
+            if amount > 0:
+                movements.credit(user=lease.buyer_id, amount=amount, idempotency_key=f"notice-credit:{lease.pk}",
+                                 memo=f"short spot notice ({given:.0f}s of {required:.0f}s) on lease "
+                                      f"{str(lease.pk)[:8]}", lease=lease.pk, order=lease.order_id)
+                intr.credited = amount
+                intr.save(update_fields=["credited"])
+        SpotBid.objects.filter(order_id=lease.order_id).update(state=SpotBid.State.OUTBID)
+        payload = {"type": "interruption", "lease": str(lease.pk), "kind": kind, "deadline": deadline.isoformat(),
+                   "notice_seconds": round(given, 3), "instance_uuid": sl.instance_uuid or gpu.uuid,
+                   "credited": str(intr.credited)}
+        events.tell_buyer(lease.buyer_id, payload)
+        events.notify_webhook(user_id=lease.buyer_id, kind="interruption", payload=payload,
+                              order_webhook=lease.order.webhook_url if lease.order_id else "")
+        if gpu.node.status == Node.Status.ONLINE:
+            command_issue(node=gpu.node, op="notice", args={"kind": f"spot_interruption:{kind}",
+                                                            "deadline": deadline.isoformat(),
+                                                            "instance_uuid": sl.instance_uuid or gpu.uuid})
+    return intr
+
+
+def lease_reprice(*, lease_id, price: Decimal, now: datetime) -> None:
+    """A running spot lease's price changes: the seconds before are billed at the old price, exactly once."""
+    with transaction.atomic():
+        # Lock the lease: the race is the meter posting it while its price changes.
+        lease = _locked(lease_id, missing_ok=True)
+        if lease is None or lease.state not in (Lease.State.RUNNING, Lease.State.PROVISIONING):
+            return
+        if lease.state == Lease.State.RUNNING:
+            metering.accrue(lease, now)
+        lease.price_per_hour = price
+        lease.save(update_fields=["price_per_hour", "accrued_until", "cost_accrued"])
+
+
+# --- ticks -------------------------------------------------------------------------------------------------------
+
+def leases_tick(*, now: datetime | None = None) -> int:
+    """Beat: finish interruptions whose notice ran out, end leases past their duration or window. Returns how
+    many leases were stopped."""
+    now = now or timezone.now()
+    due = list(Lease.objects.filter(state__in=RUNNING_STATES, ends_at__lte=now).values_list("id", flat=True))
+    for lease_id in due:
+        with transaction.atomic():
+            lease = _locked(lease_id)
+            if lease.state == Lease.State.INTERRUPTING:
+                _stop(lease, reason="interrupted", at=lease.ends_at)
+            elif lease.state in (Lease.State.RUNNING, Lease.State.PROVISIONING) and lease.ends_at <= now:
+                _stop(lease, reason="duration over" if lease.reservation_id is None else "window over",
+                      at=min(now, lease.ends_at))
+    return len(due)
+
+
+def meter_tick(*, now: datetime | None = None) -> int:
+    """Beat: metering's tick (metering.meter_tick), then end the leases whose buyers' money ran out and warn
+    those running low. Returns the number of leases posted."""
+    now = now or timezone.now()
+    result = metering.meter_tick(now=now)
+    for lease_id in dict.fromkeys(result.stop):
+        lease_end(lease_id=lease_id, reason="insufficient_funds", at=now)
+    for w in result.warnings:
+        with transaction.atomic():
+            Lease.objects.filter(pk__in=w.leases).update(warned_at=now)
+            event = {"type": "balance_low", "balance": str(w.balance), "burn_per_hour": str(w.burn_per_hour),
+                     "seconds_left": int(w.seconds_left),
+                     "stops_in": int(w.seconds_left - market("BALANCE_STOP_SECONDS"))}
+            events.tell_buyer(w.buyer_id, event)
+            events.notify_webhook(user_id=w.buyer_id, kind="balance_low", payload=event)
+    return result.posted

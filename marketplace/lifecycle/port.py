@@ -1,0 +1,29 @@
+"""The market's side of the fleet port (scheduler/ports.py): fleet facts move leases, and a slice a buyer's
+open lease holds is not the provider's to destroy by hand. Registered in MarketplaceConfig.ready()."""
+from __future__ import annotations
+
+from datetime import datetime
+
+from marketplace.models import Lease
+
+from . import leases
+
+
+class FleetFacts:
+    def slice_ready(self, *, sl, at: datetime) -> None:
+        leases.slice_ready(sl=sl, at=at)
+
+    def slice_failed(self, *, sl, at: datetime, reason: str) -> None:
+        leases.slice_failed(sl=sl, at=at, reason=reason)
+
+    def slice_destroyed(self, *, sl, at: datetime) -> None:
+        leases.slice_destroyed(sl=sl, at=at)
+
+    def node_offline(self, *, node_id, at: datetime) -> None:
+        leases.node_offline(node_id=node_id, at=at)
+
+    def slice_holder(self, *, sl) -> str | None:
+        lease = Lease.objects.filter(slice=sl, state__in=Lease.OPEN_STATES).only("pk", "state").first()
+        if lease is None:
+            return None
+        return f"this slice runs a buyer's lease ({str(lease.pk)[:8]}, {lease.get_state_display()})"

@@ -1,0 +1,230 @@
+"""Reserved capacity: a window booked ahead on a concrete GPU, profile and start, paid when booked
+(RESERVED_FACTOR × base × share when at least RESERVED_AHEAD_SECONDS ahead, else the short-notice factor),
+to the micro-dollar. Never overbooked: the booking re-checks overlaps under the GPU's row lock (every
+database), and PostgreSQL's exclusion constraint refuses what slips by. The beat clears spot leases off the
+slots before the window, starts the lease at its start, ends it at its end; the window is the holder's
+whether used or not. A window whose lease the platform lost is placed again for the rest of its span and the
+time not delivered is refunded pro rata when it ends.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from decimal import Decimal
+
+from django.db import transaction
+from django.utils import timezone
+
+from marketplace.amounts import cost, micro
+from marketplace.claims import snapshot
+from marketplace.claims.holds import live_reservations, order_span, request_for, spot_clear_horizon
+from marketplace.claims.windows import RelocationClaim, WindowClaim
+from marketplace.conf import market
+from marketplace.lifecycle.leases import LOST_REASONS, lease_end, lease_interrupt, lease_open
+from marketplace.models import LedgerTransaction, Lease, Mode, Order, Reservation
+from marketplace.money import movements
+from marketplace.pricing import price_for, reserved_mode
+from scheduler.core.slots import Slots
+from scheduler.errors import DomainError
+from scheduler.models import Gpu, Node, Slice
+from scheduler.services.allocation import allocate, legal_starts_among
+from scheduler.services.slices import slice_create
+
+
+def reservation_book(*, order: Order, now: datetime, base: snapshot.MarketSnapshot | None = None) -> bool:
+    """Book `order`'s window where the engine places it and charge it; False (with reasons on the order) when
+    nothing is free for the whole window. Runs inside the order's transaction."""
+    start, end = order_span(order, now=now)
+    mode = reserved_mode(starts_at=order.window_start, now=now)
+    seconds = (order.window_end - order.window_start).total_seconds()
+
+    def write(gpu, node, profile, slots):
+        per_hour = price_for(mode=mode, base_per_gpu_hour=node.price_per_gpu_hour, geometry=gpu.geometry(),
+                             profile=profile or None)
+        total = cost(per_hour=per_hour, seconds=seconds)
+        r = Reservation.objects.create(
+            holder=order.buyer, order=order, gpu=gpu, profile=profile, slot_start=slots.start,
+            slot_end=slots.end, starts_at=order.window_start, ends_at=order.window_end,
+            price_per_hour=per_hour, price_total=total)
+        if total > 0:
+            movements.charge(kind="reservation", buyer=order.buyer, provider=node.provider_id, amount=total,
+                             idempotency_key=f"reservation:{r.pk}", order=order.pk, project=order.project_id,
+                             memo=f"reservation {str(r.pk)[:8]} {profile or gpu.name} {seconds / 3600:g} h")
+        return r
+
+    claim = WindowClaim(request=request_for(order, now=now), start=start, end=end, base=base, write=write)
+    decision, r = allocate(claim=claim, retries=market("PLACE_RETRIES"))
+    if r is None:
+        order.reasons, order.explain = decision.reasons, decision.explain()[:500]
+        return False
+    order.state, order.placed_at = Order.State.PLACED, now
+    order.price_per_hour, order.total_price, order.reasons, order.explain = r.price_per_hour, r.price_total, {}, ""
+    order.save(update_fields=["state", "placed_at", "price_per_hour", "total_price", "reasons", "explain",
+                              "attempts"])
+    return True
+
+
+def reservations_tick(*, now: datetime | None = None) -> None:
+    """Beat: clear spot off soon-starting windows, start due windows, end and settle finished ones."""
+    now = now or timezone.now()
+    _clear_spot(now)
+    for r_id in Reservation.objects.filter(state=Reservation.State.BOOKED, starts_at__lte=now,
+                                           ends_at__gt=now).values_list("id", flat=True):
+        _start(r_id, now)
+    for r_id in Reservation.objects.filter(state__in=Reservation.LIVE_STATES, ends_at__lte=now).values_list(
+            "id", flat=True):
+        _finish(r_id, now)
+
+
+def _clear_spot(now: datetime) -> None:
+    """Spot leases on the slots of a window starting within the notice horizon get their notice now, so
+    that they are gone when it starts (full notice when the booking came early enough, else a credit)."""
+    horizon = now + timedelta(seconds=spot_clear_horizon())
+    clear = timedelta(seconds=2 * market("LEASE_TICK_SECONDS"))
+    soon = list(Reservation.objects.filter(state=Reservation.State.BOOKED, starts_at__lte=horizon,
+                                           ends_at__gt=now))
+    if not soon:
+        return
+    spot = list(Lease.objects.filter(mode=Mode.SPOT, state__in=[Lease.State.RUNNING, Lease.State.PROVISIONING],
+                                     slice__gpu_id__in={r.gpu_id for r in soon}).select_related("slice"))
+    for r in soon:
+        window = Slots(r.slot_start, r.slot_end)
+        for lease in spot:
+            if lease.slice.gpu_id == r.gpu_id and lease.slice.slots.overlaps(window):
+                lease_interrupt(lease_id=lease.pk, kind="reservation", now=now,
+                                deadline=max(now, r.starts_at - clear))
+
+
+def _start(reservation_id, now: datetime) -> None:
+    """Open the window's lease: on its own GPU and slots, or, where they cannot be carved now (after a failed
+    provision there first), on another legal slice of its unit (RelocationClaim)."""
+    with transaction.atomic():
+        # Lock the reservation: the race is a second beat worker starting it too, or a resale splitting it.
+        r = (Reservation.objects.select_for_update(skip_locked=True, of=("self",))
+             .select_related("holder", "order", "gpu__node", "gpu__gpu_model")
+             .filter(pk=reservation_id, state=Reservation.State.BOOKED).first())
+        # A lost lease still being destroyed (its node offline) does not hold the window back.
+        if r is None or r.leases.filter(state__in=Lease.OPEN_STATES).exclude(end_reason__in=LOST_REASONS).exists():
+            return
+        last = r.leases.order_by("-created_at").first()
+        failed_here = last is not None and last.state == Lease.State.FAILED and last.slice.gpu_id == r.gpu_id
+        sl = _relocate(r, now) if failed_here else None
+        if sl is None:
+            try:
+                with transaction.atomic():
+                    sl = slice_create(gpu_id=r.gpu_id, profile=r.profile or None,
+                                      start=r.slot_start if r.profile else None)
+            except DomainError:
+                if not failed_here:
+                    sl = _relocate(r, now)
+        if sl is None:
+            return  # slots still held by a leaving lease, node offline, nothing else free: the next tick
+        lease_open(order=r.order, buyer=r.holder, sl=sl, mode=Mode.RESERVED, price_per_hour=Decimal("0"),
+                   ends_at=r.ends_at, reservation=r, now=now)
+
+
+def _relocate(r: Reservation, now: datetime) -> Slice | None:
+    """Another legal slice of the same unit (GPU model, profile, region) on an online node, free of other
+    reservations for the rest of the window, carved now; the reservation moves there. None when none is."""
+    _, sl = allocate(claim=RelocationClaim(r=r, now=now, avoid=(r.gpu.uuid,)), retries=market("PLACE_RETRIES"))
+    return sl
+
+
+def undelivered_seconds(r: Reservation) -> float:
+    """Seconds of `r`'s window lost by the platform: from each lost lease's end (or the window's start) until
+    the next lease of the window started (or the window ended). A window no lease ever ran in is all lost."""
+    leases = list(r.leases.order_by("created_at"))
+    window = (r.ends_at - r.starts_at).total_seconds()
+    if not any(lease.started_at for lease in leases):
+        return window
+    lost = 0.0
+    for i, lease in enumerate(leases):
+        if lease.state != Lease.State.FAILED and lease.end_reason not in LOST_REASONS:
+            continue
+        gone = max(lease.ended_at or r.starts_at, r.starts_at)
+        back = next((x.started_at for x in leases[i + 1:] if x.started_at), None) or r.ends_at
+        lost += max(0.0, (min(back, r.ends_at) - gone).total_seconds())
+    return min(lost, window)
+
+
+def _finish(reservation_id, now: datetime) -> None:
+    with transaction.atomic():
+        r = (Reservation.objects.select_for_update(skip_locked=True, of=("self",)).select_related("holder")
+             .filter(pk=reservation_id, state__in=Reservation.LIVE_STATES).first())
+        if r is None:
+            return
+        for lease_id in r.leases.filter(state__in=Lease.OPEN_STATES).values_list("id", flat=True):
+            lease_end(lease_id=lease_id, reason="window over", at=min(now, r.ends_at))
+        lost = undelivered_seconds(r)
+        delivered = r.leases.filter(started_at__isnull=False).exists()
+        r.state = Reservation.State.DONE if delivered else Reservation.State.REFUNDED
+        r.save(update_fields=["state"])
+        if lost > 0 and r.price_total > 0:
+            window = Decimal(str((r.ends_at - r.starts_at).total_seconds()))
+            amount = min(r.price_total, micro(r.price_total * Decimal(str(lost)) / window))
+            if amount > 0:
+                _refund_undelivered(r, amount=amount, seconds=lost)
+
+
+def _refund_undelivered(r: Reservation, *, amount: Decimal, seconds: float) -> None:
+    """The platform did not deliver `seconds` of the window (node offline, failed provision): the holder gets
+    `amount` back once (one idempotency key per reservation), from the provider where the booking charge can
+    be reversed, else as a platform credit."""
+    # Walk up to the piece that was paid for: the original booking (its holder's charge is reversed), or
+    # a window bought on resale (then the price is credited). Walking past a bought piece to the first
+    # booking would refund the first seller for a window that a later buyer paid for.
+    root = r
+    while root.parent_id is not None and not hasattr(root, "bought_from"):
+        root = root.parent
+    original = LedgerTransaction.objects.filter(idempotency_key=f"reservation:{root.pk}").first()
+    key = f"reservation-refund:{r.pk}"
+    memo = (f"reservation {str(r.pk)[:8]} was not delivered" if seconds >= (r.ends_at - r.starts_at).total_seconds()
+            else f"reservation {str(r.pk)[:8]}: {seconds:.0f} s of its window were not delivered")
+    if original is not None and not hasattr(root, "bought_from"):
+        movements.refund(original=original, idempotency_key=key, amount=amount, memo=memo)
+    else:
+        movements.credit(user=r.holder, amount=amount, idempotency_key=key, memo=memo)
+
+
+CALENDAR_DAYS = 7
+
+
+def free_calendar(*, gpu_model: str, profile: str | None, region: str, now: datetime | None = None) -> dict:
+    """Hour by hour over the next days: could a window of `profile` (None: a whole GPU) on this unit be booked
+    then? The same rule a booking's claim checks under its lock (allocation.legal_starts_among) over the
+    unit's GPUs, their live reservations and their open leases that are not spot (a few queries)."""
+    now = now or timezone.now()
+    first = now.replace(minute=0, second=0, microsecond=0) + timedelta(hours=1)
+    last = first + timedelta(days=CALENDAR_DAYS)
+    gpus = list(Gpu.objects.filter(present=True, gpu_model__key=gpu_model, node__region=region,
+                                   node__status=Node.Status.ONLINE).exclude(health=Gpu.Health.CORDONED))
+    busy: dict[int, list[tuple[str | None, int, datetime, datetime]]] = {g.pk: [] for g in gpus}
+    for gpu_id, p, start, s, e in live_reservations(start=first, end=last).filter(gpu_id__in=busy).values_list(
+            "gpu_id", "profile", "slot_start", "starts_at", "ends_at"):
+        busy[gpu_id].append((p or None, start, s, e))
+    for gpu_id, p, start, ends in (Slice.objects.filter(gpu_id__in=busy, state__in=Slice.ACTIVE_STATES)
+                                   .exclude(lease__mode=Mode.SPOT)
+                                   .exclude(lease__state__in=[Lease.State.ENDING, Lease.State.INTERRUPTING])
+                                   .values_list("gpu_id", "profile", "start", "lease__ends_at")):
+        busy[gpu_id].append((p or None, start or 0, now, ends or last))
+
+    def free_at(t0: datetime, t1: datetime) -> bool:
+        for gpu in gpus:
+            geometry = gpu.geometry()
+            occupied = [(p if geometry is not None else None, s) for p, s, a, b in busy[gpu.pk] if a < t1 and b > t0]
+            if legal_starts_among(geometry, profile if geometry is not None else None, occupied):
+                return True
+        return False
+
+    day0 = datetime.combine(first.date(), datetime.min.time(), tzinfo=first.tzinfo)
+    days = [day0 + timedelta(days=d) for d in range(CALENDAR_DAYS)]
+    rows = []
+    for h in range(24):
+        cells = []
+        for day in days:
+            t0 = day + timedelta(hours=h)
+            t1 = t0 + timedelta(hours=1)
+            cells.append({"start": t0, "end": t1,
+                          "state": "past" if t0 < first else ("free" if free_at(t0, t1) else "busy")})
+        rows.append({"hour": h, "cells": cells})
+    return {"days": days, "rows": rows, "unit": {"gpu_model": gpu_model, "profile": profile or "whole",
+                                                 "region": region}, "gpus": len(gpus)}

@@ -1,0 +1,54 @@
+"""The one port through which the fleet tells the market what happened to capacity, and asks it one thing.
+
+The fleet (this app) must not import the market, yet the market has to follow its slices: a lease runs when
+its slice is ready, fails when carving failed, ends when the instance is gone or the node goes offline. The
+market registers one object implementing `MarketPort` at start-up (marketplace/apps.py); the fleet's
+services call it inside the transaction that made the change, so the lease moves in the same commit as the
+slice, and whatever the market announces goes out on commit. Without a market (the fleet alone, in a test)
+nothing is told and nothing holds a slice.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from scheduler.models import Slice
+
+
+class MarketPort(Protocol):
+    def slice_ready(self, *, sl: "Slice", at: datetime) -> None:
+        """The agent made the instance (sl.instance_uuid is its device)."""
+
+    def slice_failed(self, *, sl: "Slice", at: datetime, reason: str) -> None:
+        """Carving failed or timed out; the slice's memory slices are free again."""
+
+    def slice_destroyed(self, *, sl: "Slice", at: datetime) -> None:
+        """The instance is gone and its memory slices are free."""
+
+    def node_offline(self, *, node_id, at: datetime) -> None:
+        """The node went silent past its heartbeat timeout."""
+
+    def slice_holder(self, *, sl: "Slice") -> str | None:
+        """Asked before a provider destroys a slice by hand: a sentence naming who holds it, or None."""
+
+
+class _NoMarket:
+    def slice_ready(self, *, sl, at): return None
+    def slice_failed(self, *, sl, at, reason): return None
+    def slice_destroyed(self, *, sl, at): return None
+    def node_offline(self, *, node_id, at): return None
+    def slice_holder(self, *, sl): return None
+
+
+_market: MarketPort = _NoMarket()
+
+
+def register_market(port: MarketPort) -> None:
+    """Called once by the market at start-up."""
+    global _market
+    _market = port
+
+
+def market() -> MarketPort:
+    return _market
