@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from marketplace.api.json_only import JsonWrites
 from marketplace.amounts import CENT, MICRO
 from marketplace.models import Account, LedgerEntry, Payment, Project, UsageRecord
-from marketplace.money import ledger, statements
+from marketplace.money import statements
 from marketplace.products import payments, projects
 from scheduler.errors import DomainError
 

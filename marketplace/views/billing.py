@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import csv
 from collections import defaultdict
-from datetime import date, datetime, time, timezone as dt_timezone
+from datetime import datetime, time, timezone as dt_timezone
 from decimal import Decimal
 
 from django.conf import settings

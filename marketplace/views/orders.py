@@ -9,7 +9,6 @@ from datetime import datetime
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
-from django.utils import timezone
 
 from marketplace import selectors as market_selectors
 from marketplace.models import Mode
@@ -19,7 +18,7 @@ from marketplace.products import reservations as reservation_services
 from scheduler.errors import DomainError
 
 from ..forms import OrderForm
-from .common import add_domain_error, is_htmx, mark_invalid
+from .common import add_domain_error, mark_invalid
 
 # The service's field names -> this form's.
 FIELDS = {"gpu_models": "gpu_model", "regions": "region", "duration_seconds": "duration_hours",

@@ -7,12 +7,11 @@ from datetime import datetime, time, timedelta
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
-from django.http import Http404
 from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from marketplace.models import Reservation, ResaleListing
+from marketplace.models import Reservation
 from marketplace import selectors as market_selectors
 from marketplace.money import ledger
 from marketplace.products import resale as resale_services

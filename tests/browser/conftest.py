@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from marketplace.management import localstripe
-from tests.e2e.livestack import ROOT, LiveStack, wait_until
+from tests.e2e.livestack import LiveStack, ROOT, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

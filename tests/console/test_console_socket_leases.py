@@ -8,8 +8,8 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.layers import get_channel_layer
 
-from marketplace.models import Lease
 from marketplace.lifecycle import leases
+from marketplace.models import Lease
 from scheduler.services.events import node_group
 from tests.console.test_console_socket import console_for, running_lease
 

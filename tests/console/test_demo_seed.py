@@ -7,8 +7,8 @@ import pytest
 from django.contrib.auth import get_user_model
 
 from marketplace.money import ledger
-from marketplace.products.demo import DEMO_BUYER_CREDIT, DEMO_NODES, demo_seed
 from marketplace.money.check import ledger_check
+from marketplace.products.demo import DEMO_BUYER_CREDIT, DEMO_NODES, demo_seed
 from scheduler.services.nodes import node_for_token
 
 pytestmark = pytest.mark.django_db

@@ -12,11 +12,9 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from marketplace.models import ApiKey, Lease, NotificationSettings, Order, Project, Reservation, ResaleListing
-from marketplace.products import apikeys
 from marketplace.lifecycle import leases
-from marketplace.products import orders
-from marketplace.products import resale
+from marketplace.models import ApiKey, Lease, NotificationSettings, Order, Project, ResaleListing, Reservation
+from marketplace.products import apikeys, orders, resale
 from marketplace.products.orders import OrderSpec
 from tests.factories import UserFactory
 from tests.marketplace.marketsim import Fleet, top_up, wallet
@@ -207,7 +205,6 @@ def test_my_leases_shows_only_mine_in_a_fixed_number_of_queries(client, fleet, b
 
 
 def test_a_lease_page_shows_an_interruption_notice_with_its_deadline(client, fleet, buyer, settings):
-    from marketplace.products import spot
 
     fleet.node("h100-80gb:1")
     top_up(buyer, "100")
@@ -285,7 +282,6 @@ def test_billing_shows_the_balance_ledger_statement_and_spending_in_a_fixed_numb
     fleet.node("h100-80gb:8")
     top_up(buyer, "200")
     lease = on_demand(fleet, buyer)
-    from marketplace import metering
     leases.meter_tick(now=lease.started_at + timedelta(seconds=90))
     r, few = queries(client, "/billing/")
     html = r.content.decode()
@@ -362,7 +358,6 @@ def test_a_provider_cordons_and_uncordons_a_gpu_and_drains_a_node_but_not_someon
 
 
 def test_a_provider_sees_earnings_over_time_from_metered_usage(client, fleet):
-    from marketplace import metering
 
     prov = UserFactory(username="earner")
     fleet.node("h100-80gb:1", provider=prov)

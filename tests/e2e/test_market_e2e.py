@@ -35,8 +35,8 @@ print("BUYER" + json.dumps({"api_key": key}))
 
 BOOKS = r"""
 import json
-from marketplace.money import ledger
 from marketplace.models import UsageRecord
+from marketplace.money import ledger
 from marketplace.money.check import ledger_check
 usage = {}
 for lease_id, seconds in UsageRecord.objects.values_list("lease_id", "seconds"):

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from nodeagent import protocol
-from nodeagent.errors import BackendError
 from marketplace.lifecycle import leases
 from marketplace.money import ledger
 from marketplace.products import reservations
+from nodeagent import protocol
+from nodeagent.errors import BackendError
 from scheduler.models import AgentCommand, Node
 from scheduler.services import commands as command_services
 from scheduler.services import nodes as node_services

@@ -11,9 +11,8 @@ from hypothesis import HealthCheck, settings as hsettings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from marketplace.models import Account, LedgerEntry, LedgerTransaction
-from marketplace.money import ledger
+from marketplace.money import ledger, movements
 from marketplace.money.check import ledger_check
-from marketplace.money import movements
 from scheduler.errors import Conflict, DomainError
 from tests.factories import UserFactory
 

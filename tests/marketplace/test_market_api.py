@@ -10,12 +10,10 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from marketplace.models import LedgerTransaction, Lease, Order, Reservation, ResaleListing
-from marketplace.money import ledger
 from marketplace.lifecycle import leases
-from marketplace import metering
-from marketplace.products import spot
+from marketplace.models import Lease, LedgerTransaction, Order, ResaleListing, Reservation
 from marketplace.money.check import ledger_check
+from marketplace.products import spot
 from scheduler.models import Node
 from tests.factories import UserFactory
 from tests.marketplace.marketsim import Fleet, top_up, wallet

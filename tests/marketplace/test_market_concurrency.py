@@ -11,12 +11,11 @@ import pytest
 from django.db import IntegrityError, connection, connections
 from django.utils import timezone
 
-from marketplace.models import Lease, Order, Reservation, ResaleListing
+from marketplace.models import Lease, Order, ResaleListing, Reservation
 from marketplace.money import ledger
-from marketplace.products import orders
-from marketplace.products import resale
-from marketplace.products.orders import OrderSpec
 from marketplace.money.check import ledger_check
+from marketplace.products import orders, resale
+from marketplace.products.orders import OrderSpec
 from scheduler.errors import DomainError
 from scheduler.models import Slice
 from tests.factories import UserFactory

@@ -11,13 +11,12 @@ import pytest
 from asgiref.sync import sync_to_async
 from channels.testing import WebsocketCommunicator
 
-from marketplace.consumers import ConsoleConsumer
-from marketplace.models import Interruption, Lease
 from marketplace import events as notify
-from marketplace.products import orders
-from marketplace.products import spot
-from marketplace.products.orders import OrderSpec
+from marketplace.consumers import ConsoleConsumer
 from marketplace.lifecycle import leases
+from marketplace.models import Interruption, Lease
+from marketplace.products import orders
+from marketplace.products.orders import OrderSpec
 from tests.factories import UserFactory
 from tests.marketplace.marketsim import Fleet, top_up
 

@@ -6,11 +6,9 @@ from datetime import timedelta
 import pytest
 from rest_framework.test import APIClient
 
-from marketplace.models import Lease, Order
-from marketplace.money import ledger
-from marketplace import metering
-from marketplace.money.check import ledger_check
 from marketplace.lifecycle import leases
+from marketplace.models import Lease, Order
+from marketplace.money.check import ledger_check
 from scheduler.models import Slice
 from tests.factories import UserFactory
 from tests.marketplace.marketsim import Fleet, top_up

@@ -7,18 +7,14 @@ from decimal import Decimal
 import pytest
 from django.utils import timezone
 
-from marketplace.models import Interruption, Lease, Order, Reservation, ResaleListing, SpotPrice, UsageRecord
-from marketplace.models import LedgerTransaction
-from marketplace.money import ledger
-from marketplace.lifecycle import leases
-from marketplace import metering
-from marketplace.products import orders
-from marketplace.products import resale
-from marketplace.products import reservations
-from marketplace.products import spot
-from marketplace.products.orders import OrderSpec
-from marketplace.money.check import ledger_check
 from marketplace import amounts
+from marketplace.lifecycle import leases
+from marketplace.models import (Interruption, Lease, LedgerTransaction, Order, ResaleListing, Reservation, SpotPrice,
+                                UsageRecord)
+from marketplace.money import ledger
+from marketplace.money.check import ledger_check
+from marketplace.products import orders, resale, reservations, spot
+from marketplace.products.orders import OrderSpec
 from scheduler.errors import Conflict, DomainError
 from scheduler.models import AgentCommand, Slice
 from tests.factories import UserFactory

@@ -7,12 +7,10 @@ from decimal import Decimal
 
 import pytest
 
-from marketplace.models import Lease, NotificationSettings, Order
+from marketplace import events as notify, notifications
 from marketplace.lifecycle import leases
-from marketplace import notifications
-from marketplace import events as notify
+from marketplace.models import Lease, NotificationSettings, Order
 from marketplace.products import orders
-from marketplace.products import spot
 from marketplace.products.orders import OrderSpec
 from scheduler.errors import DomainError
 from tests.factories import UserFactory

@@ -16,11 +16,10 @@ import stripe
 from django.db import close_old_connections
 from rest_framework.test import APIClient
 
-from marketplace.models import LedgerTransaction, Payment, StripeEvent
-from marketplace.money import ledger
 from marketplace.management import localstripe
+from marketplace.models import LedgerTransaction, Payment, StripeEvent
+from marketplace.money import ledger, movements
 from marketplace.money.check import ledger_check
-from marketplace.money import movements
 from tests.factories import UserFactory
 
 GOOD_CARD = "4242424242424242"
