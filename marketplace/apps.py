@@ -12,3 +12,9 @@ class MarketplaceConfig(AppConfig):
         from scheduler.ports import register_market
 
         register_market(FleetFacts())
+        # A flushed database (a test's) takes the accounts the ledger remembered the ids of.
+        from django.db.models.signals import post_migrate
+
+        from marketplace.money.ledger import forget_account_ids
+
+        post_migrate.connect(forget_account_ids, dispatch_uid="ledger.forget_account_ids")

@@ -11,7 +11,7 @@ so far into cost_accrued before the price changes (spot repricing).
    not charged yet, a buyer under BALANCE_WARN_SECONDS of money is warned, under BALANCE_STOP_SECONDS their
    leases are stopped (returned to the caller, the lifecycle, which ends them);
 2. posts the leases whose last whole calendar minute is not charged yet, up to that minute, in batches
-   spread over the ticks of a minute: one ledger transaction per lease per minute (never more than the
+   spread evenly over the ticks left in the minute: one ledger transaction per lease per minute (never more than the
    wallet holds; a lease whose money ran out is returned to be ended) and one UsageRecord per lease-minute,
    in a constant number of statements per batch (ledger.post_many).
 A lease's end or interruption posts the rest (`settle`). The sum of its charges is price × seconds to the
@@ -26,11 +26,13 @@ from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.db import IntegrityError, transaction
+from django.db.models import Count, ExpressionWrapper, F, FloatField, Q, Sum
 from django.utils import timezone
 
 from marketplace.amounts import ZERO, micro, spread, spread_within
 from marketplace.conf import market
 from marketplace.models import Lease, UsageRecord
+from marketplace.models.sql import Epoch, insert_rows, update_rows
 from marketplace.money import ledger, movements
 
 EIGHT = Decimal("0.00000001")
@@ -46,16 +48,17 @@ def minute_of(at: datetime) -> datetime:
     return at.replace(second=0, microsecond=0)
 
 
-def _until(lease: Lease, now: datetime) -> datetime:
-    """Billing never passes the lease's end (its duration, window or interruption deadline), whichever beat
-    runs first: the seconds after it are not the buyer's to pay."""
-    return min(now, lease.ends_at) if lease.ends_at is not None else now
+def _seconds_between(accrued_until: datetime | None, ends_at: datetime | None, now: datetime) -> int:
+    """Whole seconds from accrued_until to now. Billing never passes the lease's end (its duration, window or
+    interruption deadline), whichever beat runs first: the seconds after it are not the buyer's to pay."""
+    if accrued_until is None:
+        return 0
+    until = min(now, ends_at) if ends_at is not None else now
+    return max(0, int((until - accrued_until).total_seconds()))
 
 
 def _seconds(lease: Lease, now: datetime) -> int:
-    if lease.accrued_until is None:
-        return 0
-    return max(0, int((_until(lease, now) - lease.accrued_until).total_seconds()))
+    return _seconds_between(lease.accrued_until, lease.ends_at, now)
 
 
 def cost_at(lease: Lease, now: datetime) -> Decimal:
@@ -73,9 +76,9 @@ def owed(lease: Lease, now: datetime) -> Decimal:
     return max(ZERO, micro(cost_at(lease, now)) - lease.cost_charged)
 
 
-def accrue(lease: Lease, now: datetime) -> None:
+def accrue(lease: "Lease | Billable", now: datetime) -> None:
     """Fold the whole seconds since accrued_until, at the current price, into cost_accrued (not saved)."""
-    seconds = _seconds(lease, now)
+    seconds = _seconds_between(lease.accrued_until, lease.ends_at, now)
     if seconds:
         lease.cost_accrued = (lease.cost_accrued + lease.price_per_hour * seconds / Decimal(3600)).quantize(EIGHT)
         lease.accrued_until += timedelta(seconds=seconds)
@@ -86,58 +89,104 @@ def start(lease: Lease, at: datetime) -> None:
     lease.accrued_until = lease.billed_until = billing_start(at)
 
 
+@dataclass(slots=True)
+class Billable:
+    """What posting needs of a lease, read in one row (a tick posts a thousand of them: no model instances)."""
+
+    pk: object
+    buyer_id: int
+    provider_id: int
+    node_id: object
+    order_id: object
+    project_id: int | None
+    gpu_model: str
+    profile: str
+    mode: str
+    price_per_hour: Decimal
+    accrued_until: datetime | None
+    cost_accrued: Decimal
+    cost_charged: Decimal
+    billed_until: datetime | None
+    ends_at: datetime | None
+    metered: bool
+
+    # The columns of a locked lease row, in this order (meter_tick reads them in one query).
+    COLUMNS = ("id", "buyer_id", "slice__gpu__node__provider_id", "slice__gpu__node_id", "order_id",
+               "order__project_id", "slice__gpu__gpu_model__key", "slice__profile", "mode", "price_per_hour",
+               "accrued_until", "cost_accrued", "cost_charged", "billed_until", "ends_at", "metered")
+
+    @classmethod
+    def of(cls, lease: Lease) -> "Billable":
+        """From a lease loaded with slice.gpu.node and order (the lifecycle's locked lease)."""
+        gpu = lease.slice.gpu
+        return cls(lease.pk, lease.buyer_id, gpu.node.provider_id, gpu.node_id, lease.order_id,
+                   lease.order.project_id if lease.order_id else None, gpu.gpu_model.key if gpu.gpu_model else "",
+                   lease.slice.profile, lease.mode, lease.price_per_hour, lease.accrued_until, lease.cost_accrued,
+                   lease.cost_charged, lease.billed_until, lease.ends_at, lease.metered)
+
+    def onto(self, lease: Lease) -> None:
+        lease.accrued_until, lease.cost_accrued = self.accrued_until, self.cost_accrued
+        lease.cost_charged, lease.billed_until = self.cost_charged, self.billed_until
+
+
 @dataclass
 class Posted:
-    lease: Lease
+    lease: Billable
     short: Decimal  # what it owed and its buyer's wallet could not pay (> 0: the money ran out)
 
 
-def post(leases: list[Lease], *, now: datetime) -> list[Posted]:
-    """Charge each lease (locked by the caller, with slice.gpu.node and order loaded) what it owes up to `now`
-    and record its usage per minute; saved. A wallet is never taken below zero."""
+def post(leases: list[Billable], *, now: datetime) -> list[Posted]:
+    """Charge each lease (locked by the caller) what it owes up to `now` and record its usage per minute; saved.
+    A wallet is never taken below zero."""
     items, periods = [], []
-    for lease in leases:
-        if not lease.metered or lease.billed_until is None:
+    for b in leases:
+        if not b.metered or b.billed_until is None:
             continue
-        accrue(lease, now)
-        due = micro(lease.cost_accrued) - lease.cost_charged
-        period = (lease.billed_until, lease.accrued_until)
+        accrue(b, now)
+        due = micro(b.cost_accrued) - b.cost_charged
+        period = (b.billed_until, b.accrued_until)
         if period[1] <= period[0] and due <= 0:
             continue
-        periods.append((lease, period, due))
+        periods.append((b, period, due))
         if due > 0:
-            gpu = lease.slice.gpu
             items.append(movements.UsageCharge(
-                lease_id=lease.pk, buyer_id=lease.buyer_id, provider_id=gpu.node.provider_id, due=due,
-                start=period[0], end=period[1], order_id=lease.order_id,
-                project_id=lease.order.project_id if lease.order_id else None,
-                memo=f"{lease.mode} lease {str(lease.pk)[:8]} {period[0]:%H:%M:%S}-{period[1]:%H:%M:%S}"))
+                lease_id=b.pk, buyer_id=b.buyer_id, provider_id=b.provider_id, due=due, start=period[0],
+                end=period[1], order_id=b.order_id, project_id=b.project_id,
+                memo=f"{b.mode} lease {str(b.pk)[:8]} {period[0]:%H:%M:%S}-{period[1]:%H:%M:%S}"))
     charged = {p.item.lease_id: p for p in movements.charge_usage(items)}
     out, records = [], []
-    for lease, (start_at, end_at), due in periods:
-        posted = charged.get(lease.pk)
+    for b, (start_at, end_at), due in periods:
+        posted = charged.get(b.pk)
         amount = posted.amount if posted else ZERO
-        lease.cost_charged += amount
-        lease.billed_until = max(lease.billed_until, end_at)
-        records += _usage_records(lease, start_at, end_at, amount, posted.fee if posted else ZERO,
+        b.cost_charged += amount
+        b.billed_until = max(b.billed_until, end_at)
+        records += _usage_records(b, start_at, end_at, amount, posted.fee if posted else ZERO,
                                   posted.transaction_id if posted else None)
-        out.append(Posted(lease, max(ZERO, due - amount)))
+        out.append(Posted(b, max(ZERO, due - amount)))
     if periods:
-        Lease.objects.bulk_update([lease for lease, _, _ in periods],
-                                  ["accrued_until", "cost_accrued", "cost_charged", "billed_until"])
+        update_rows(Lease, ["accrued_until", "cost_accrued", "cost_charged", "billed_until"],
+                    [(b.pk, b.accrued_until, b.cost_accrued, b.cost_charged, b.billed_until) for b, _, _ in periods])
         _write_usage(records)
     return out
 
 
 def settle(lease: Lease, *, now: datetime) -> Decimal:
-    """Post what a single lease owes up to `now` (its end, interruption or price change); returns the shortfall."""
-    posted = post([lease], now=now)
+    """Post what a single lease (locked, loaded as lifecycle loads it) owes up to `now`: its end, interruption
+    or price change; the lease object is updated too. Returns the shortfall."""
+    b = Billable.of(lease)
+    posted = post([b], now=now)
+    b.onto(lease)
     return posted[0].short if posted else ZERO
 
 
-def _usage_records(lease: Lease, start_at: datetime, end_at: datetime, amount: Decimal, fee: Decimal,
-                   txn_id) -> list[UsageRecord]:
-    """One record per calendar minute of [start_at, end_at), the charge and its fee spread over them exactly."""
+USAGE_COLUMNS = ["lease_id", "order_id", "project", "buyer", "provider", "node_id", "gpu_model", "profile", "mode",
+                 "minute", "seconds", "amount", "fee", "transaction", "created_at"]
+
+
+def _usage_records(b: Billable, start_at: datetime, end_at: datetime, amount: Decimal, fee: Decimal,
+                   txn_id) -> list[tuple]:
+    """One record per calendar minute of [start_at, end_at) (values of USAGE_COLUMNS), the charge and its fee
+    spread over them exactly."""
     pieces, t = [], start_at
     while t < end_at:
         stop = min(end_at, minute_of(t) + timedelta(minutes=1))
@@ -149,29 +198,26 @@ def _usage_records(lease: Lease, start_at: datetime, end_at: datetime, amount: D
     weights = [s for _, s in pieces]
     amounts = spread(amount, weights)
     fees = spread_within(fee, amounts, weights)
-    gpu, sl = lease.slice.gpu, lease.slice
-    project_id = lease.order.project_id if lease.order_id else None
-    return [UsageRecord(lease_id=lease.pk, order_id=lease.order_id, project_id=project_id, buyer_id=lease.buyer_id,
-                        provider_id=gpu.node.provider_id, node_id=gpu.node_id,
-                        gpu_model=gpu.gpu_model.key if gpu.gpu_model else "", profile=sl.profile or "whole",
-                        mode=lease.mode, minute=m, seconds=s, amount=a, fee=f, transaction_id=txn_id)
-            for (m, s), a, f in zip(pieces, amounts, fees)]
+    now = timezone.now()
+    return [(b.pk, b.order_id, b.project_id, b.buyer_id, b.provider_id, b.node_id, b.gpu_model, b.profile or "whole",
+             b.mode, m, s, a, f, txn_id, now) for (m, s), a, f in zip(pieces, amounts, fees)]
 
 
-def _write_usage(records: list[UsageRecord]) -> None:
+def _write_usage(records: list[tuple]) -> None:
     try:
         with transaction.atomic():
-            UsageRecord.objects.bulk_create(records)
+            insert_rows(UsageRecord, USAGE_COLUMNS, records)
     except IntegrityError:
         # A minute recorded already (a lease metered by an older build mid-minute): add to it, row by row.
-        for rec in records:
-            row = UsageRecord.objects.select_for_update().filter(lease_id=rec.lease_id, minute=rec.minute).first()
+        for values in records:
+            rec = dict(zip([UsageRecord._meta.get_field(c).attname for c in USAGE_COLUMNS], values))
+            row = UsageRecord.objects.select_for_update().filter(lease_id=rec["lease_id"], minute=rec["minute"]).first()
             if row is None:
-                rec.save()
+                UsageRecord.objects.create(**rec)
             else:
                 UsageRecord.objects.filter(pk=row.pk).update(
-                    seconds=min(60, row.seconds + rec.seconds), amount=row.amount + rec.amount,
-                    fee=row.fee + rec.fee, transaction_id=rec.transaction_id)
+                    seconds=min(60, row.seconds + rec["seconds"]), amount=row.amount + rec["amount"],
+                    fee=row.fee + rec["fee"], transaction_id=rec["transaction_id"])
 
 
 # --- the tick ------------------------------------------------------------------------------------------------
@@ -194,52 +240,64 @@ class TickResult:
 
 def meter_tick(*, now: datetime | None = None) -> TickResult:
     """Guard every buyer's wallet and post the leases whose last minute is due (see the module doc). The
-    caller ends the leases in `stop` and announces `warnings`."""
+    caller ends the leases in `stop` and announces `warnings`. The running leases are read once, summed per
+    buyer by the database (10,000 leases are a thousand rows here, not 10,000)."""
     now = now or timezone.now()
     result = TickResult()
-    running = list(Lease.objects.filter(state=Lease.State.RUNNING, metered=True).only(
-        "id", "buyer_id", "price_per_hour", "accrued_until", "cost_accrued", "cost_charged", "billed_until",
-        "ends_at", "warned_at", "metered", "state"))
-    if not running:
-        return result
-    stopped = _guard(running, now, result)
     minute = minute_of(now)
-    due = sorted((x for x in running if x.billed_until is not None and x.billed_until < minute
-                  and x.buyer_id not in stopped), key=lambda x: (x.billed_until, str(x.pk)))
-    per_minute = max(1, int(60 / market("METER_SECONDS")))
-    limit = max(POST_BATCH_MIN, math.ceil(1.25 * len(running) / per_minute))
-    ids = [x.pk for x in due[:limit]]
-    if ids:
-        with transaction.atomic():
-            # Lock the leases: the race is the buyer ending one, or an interruption or a reprice settling it,
-            # which would otherwise post the same seconds twice. skip_locked: whoever holds it is settling.
-            leases = list(Lease.objects.select_for_update(skip_locked=True, of=("self",)).select_related(*LOCKED)
-                          .filter(pk__in=ids, state=Lease.State.RUNNING, metered=True).order_by("pk"))
-            posted = post(leases, now=minute)
-        result.posted = len(posted)
-        result.stop += [p.lease.pk for p in posted if p.short > 0]
+    warn_s = market("BALANCE_WARN_SECONDS")
+    running = Lease.objects.filter(state=Lease.State.RUNNING, metered=True)
+    buyers = list(running.order_by().values("buyer_id").annotate(
+        burn=Sum("price_per_hour"), unposted=Sum(F("cost_accrued") - F("cost_charged")),
+        since=Sum(ExpressionWrapper(F("price_per_hour") * Epoch("accrued_until"), output_field=FloatField())),
+        due=Count("id", filter=Q(billed_until__lt=minute)),
+        unwarned=Count("id", filter=Q(warned_at__isnull=True) | Q(warned_at__lt=now - timedelta(seconds=warn_s / 3))),
+    ).values_list("buyer_id", "burn", "unposted", "since", "due", "unwarned"))
+    if not buyers:
+        return result
+    stopped, warned = _guard(buyers, now, result)
+    if stopped:
+        result.stop += list(running.filter(buyer_id__in=stopped).values_list("id", flat=True))
+    if warned:
+        for lease_id, buyer_id in running.filter(buyer_id__in=warned).values_list("id", "buyer_id"):
+            warned[buyer_id].leases.append(lease_id)
+    due = sum(b[4] for b in buyers if b[0] not in stopped)
+    if not due:
+        return result
+    # Spread the minute's postings evenly over the ticks left in it (a backlog too), so no tick posts them all.
+    ticks_left = max(1, math.ceil((minute + timedelta(minutes=1) - now).total_seconds() / market("METER_SECONDS")))
+    limit = max(POST_BATCH_MIN, math.ceil(due / ticks_left))
+    with transaction.atomic():
+        # Lock the leases: the race is the buyer ending one, or an interruption or a reprice settling it,
+        # which would otherwise post the same seconds twice. skip_locked: whoever holds it is settling.
+        batch = [Billable(*row) for row in running.select_for_update(skip_locked=True, of=("self",))
+                 .filter(billed_until__lt=minute).exclude(buyer_id__in=stopped).order_by("billed_until", "id")
+                 .values_list(*Billable.COLUMNS)[:limit]]
+        posted = post(batch, now=minute)
+    result.posted = len(posted)
+    result.stop += [p.lease.pk for p in posted if p.short > 0]
     return result
 
 
-def _guard(running: list[Lease], now: datetime, result: TickResult) -> set:
-    by_buyer: dict[int, list[Lease]] = {}
-    for lease in running:
-        by_buyer.setdefault(lease.buyer_id, []).append(lease)
-    balances = ledger.wallet_balances(by_buyer)
+def _guard(buyers: list[tuple], now: datetime, result: TickResult) -> tuple[set, dict]:
+    """Which buyers' leases stop (under BALANCE_STOP_SECONDS of money at their burn rate, counting what their
+    leases owe and the ledger has not charged: a threshold, in floats) and which are warned."""
+    balances = ledger.wallet_balances(b[0] for b in buyers)
     stop_s, warn_s = market("BALANCE_STOP_SECONDS"), market("BALANCE_WARN_SECONDS")
-    stopped = set()
-    for buyer_id, leases in by_buyer.items():
-        burn = sum((x.price_per_hour for x in leases), ZERO)
+    stopped, warned = set(), {}
+    clock = now.timestamp()
+    for buyer_id, burn, unposted, since, _, unwarned in buyers:
+        burn = float(burn or 0)
         if burn <= 0:
             continue
-        left = balances.get(buyer_id, ZERO) - sum((owed(x, now) for x in leases), ZERO)
-        seconds_left = float(left / burn * 3600)
+        # sum of price x (now - accrued_until) over its leases, per hour, plus what is accrued and not charged
+        owing = float(unposted or 0) + (clock * burn - float(since or 0)) / 3600
+        left = float(balances.get(buyer_id, ZERO)) - max(0.0, owing)
+        seconds_left = left / burn * 3600
         if seconds_left < stop_s:
             stopped.add(buyer_id)
-            result.stop += [x.pk for x in leases]
-        elif seconds_left < warn_s:
-            recent = now - timedelta(seconds=warn_s / 3)
-            if any(x.warned_at is None or x.warned_at < recent for x in leases):
-                result.warnings.append(BuyerWarning(buyer_id=buyer_id, balance=left, burn_per_hour=burn,
-                                                    seconds_left=seconds_left, leases=[x.pk for x in leases]))
-    return stopped
+        elif seconds_left < warn_s and unwarned:
+            warned[buyer_id] = BuyerWarning(buyer_id=buyer_id, balance=micro(Decimal(repr(left))),
+                                            burn_per_hour=micro(Decimal(repr(burn))), seconds_left=seconds_left)
+    result.warnings += list(warned.values())
+    return stopped, warned

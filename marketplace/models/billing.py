@@ -100,11 +100,13 @@ class LedgerTransaction(models.Model):
 
 class LedgerEntry(models.Model):
     transaction = models.ForeignKey(LedgerTransaction, related_name="entries", on_delete=models.PROTECT)
-    account = models.ForeignKey(Account, related_name="entries", on_delete=models.PROTECT)
+    # Indexed by (account, created_at) below: a second index on the account alone would only cost every insert.
+    account = models.ForeignKey(Account, related_name="entries", on_delete=models.PROTECT, db_index=False)
     amount = models.DecimalField(**MONEY)  # what it adds to the account's balance; entries of a transaction sum to 0
     # The project this line belongs to: the transaction's, except where a transfer between two users books
     # each side under its own (a resale), and never the buyer's on a provider's earnings line.
-    project = models.ForeignKey(Project, null=True, blank=True, related_name="entries", on_delete=models.SET_NULL)
+    project = models.ForeignKey(Project, null=True, blank=True, related_name="entries", on_delete=models.SET_NULL,
+                                db_index=False)  # read with the account's entries, never alone
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -175,8 +177,11 @@ class UsageRecord(models.Model):
 
     lease_id = models.UUIDField()
     order_id = models.UUIDField(null=True, blank=True, db_index=True)
-    buyer = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="usage_records", on_delete=models.PROTECT)
-    provider = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="provided_usage", on_delete=models.PROTECT)
+    # Indexed by (buyer, minute) and (provider, minute) below, not alone: every lease-minute inserts a row.
+    buyer = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="usage_records", on_delete=models.PROTECT,
+                              db_index=False)
+    provider = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="provided_usage", on_delete=models.PROTECT,
+                                 db_index=False)
     project = models.ForeignKey(Project, null=True, blank=True, related_name="usage_records", on_delete=models.SET_NULL)
     node_id = models.UUIDField(null=True, blank=True, db_index=True)
     gpu_model = models.CharField(max_length=40)  # GpuModel key, e.g. "h100-80gb"

@@ -24,15 +24,23 @@ from decimal import Decimal
 from typing import Iterable, Union
 
 from django.db import IntegrityError, transaction
+from django.utils import timezone
 
 from marketplace.amounts import ZERO, money
 from marketplace.models import Account, LedgerEntry, LedgerTransaction, Project
+from marketplace.models.sql import insert_rows, update_rows
 from scheduler.errors import Conflict, DomainError
 
-PLATFORM_KINDS = (Account.Kind.PLATFORM_FEES, Account.Kind.STRIPE_CLEARING, Account.Kind.PROMOTIONS)
-_ALIASES = {"credits": Account.Kind.PROMOTIONS, "fees": Account.Kind.PLATFORM_FEES}
+# Plain strings: a key is hashed for every line of a batch (an enum member hashes in Python, a str in C).
+PLATFORM_KINDS = frozenset(str(k) for k in (Account.Kind.PLATFORM_FEES, Account.Kind.STRIPE_CLEARING,
+                                            Account.Kind.PROMOTIONS))
+KINDS = frozenset(str(k) for k in Account.Kind.values)
+_ALIASES = {"credits": str(Account.Kind.PROMOTIONS), "fees": str(Account.Kind.PLATFORM_FEES)}
 
 AccountKey = tuple  # (user id or None, kind)
+TXN_COLUMNS = ["id", "kind", "memo", "idempotency_key", "lease_id", "order_id", "project", "refunded_amount",
+               "created_at"]
+ENTRY_COLUMNS = ["transaction", "account", "amount", "project", "created_at"]
 AccountRef = Union[Account, AccountKey]
 
 
@@ -44,13 +52,14 @@ class InsufficientFunds(DomainError):
 
 
 def _kind(kind: str) -> str:
+    kind = str(kind)
     return _ALIASES.get(kind, kind)
 
 
 def key_of(*, user, kind: str) -> AccountKey:
     """The (user id, kind) key of an account; user None (or a platform kind) = the platform's account."""
     kind = _kind(kind)
-    if kind not in Account.Kind.values:
+    if kind not in KINDS:
         raise DomainError(f"unknown account kind {kind!r}", field="kind")
     user_id = getattr(user, "pk", user)
     if (user_id is None) != (kind in PLATFORM_KINDS):
@@ -58,33 +67,31 @@ def key_of(*, user, kind: str) -> AccountKey:
     return (user_id, kind)
 
 
-# (user id, kind) -> account pk. Accounts are never deleted, but a rolled-back transaction (a test, a failed
-# first use) can leave an id here that no row has: every lock checks the rows it gets against their keys
-# and resolves again on a miss (_locked).
+# (user id, kind) -> account pk, remembered once the transaction that found or made the row has committed: an
+# id handed out before could be of a row another writer cannot see yet, or one a rollback takes away. Accounts
+# are never deleted; a test database that is flushed clears it (apps.py). Every lock checks the rows it gets
+# against their keys anyway and resolves again on a miss (locked_balances).
 _ids: dict[AccountKey, int] = {}
+
+
+def forget_account_ids(**kwargs) -> None:
+    _ids.clear()
 
 
 def _resolve(keys: Iterable[AccountKey], *, fresh: bool = False) -> dict[AccountKey, int]:
     keys = set(keys)
-    if fresh:
-        for k in keys:
-            _ids.pop(k, None)
-    missing = [k for k in keys if k not in _ids]
-    if missing:
-        for k, pk in _existing(missing).items():
-            _ids[k] = pk
-        created = {}
-        for user_id, kind in [k for k in missing if k not in _ids]:
-            # get_or_create retries the get after an IntegrityError: two first uses at once end with one row.
-            with transaction.atomic():
-                account, _ = Account.objects.get_or_create(user_id=user_id, kind=kind)
-            created[(user_id, kind)] = account.pk
-        # Remembered once committed: another writer given the id of a row it cannot see yet would lock the
-        # rows before it, find this one missing, and wait for its creator while holding them (a deadlock).
-        if created:
-            transaction.on_commit(lambda: _ids.update(created))
-        return {k: _ids.get(k) or created[k] for k in keys}
-    return {k: _ids[k] for k in keys}
+    known = {} if fresh else {k: _ids[k] for k in keys if k in _ids}
+    missing = [k for k in keys if k not in known]
+    if not missing:
+        return known
+    found = _existing(missing)
+    for user_id, kind in [k for k in missing if k not in found]:
+        # get_or_create retries the get after an IntegrityError: two first uses at once end with one row.
+        with transaction.atomic():
+            account, _ = Account.objects.get_or_create(user_id=user_id, kind=kind)
+        found[(user_id, kind)] = account.pk
+    transaction.on_commit(lambda: _ids.update(found))
+    return {**known, **found}
 
 
 def _existing(keys: list[AccountKey]) -> dict[AccountKey, int]:
@@ -196,6 +203,7 @@ def post_many(postings: list[Posting]) -> list[LedgerTransaction]:
         known = {t.idempotency_key: t for t in LedgerTransaction.objects.filter(idempotency_key__in=keys)} \
             if keys else {}
         balance = {k: b for k, (_, b) in accounts.items()}
+        now = timezone.now()
         out: list[LedgerTransaction | None] = []
         rows, entries = [], []
         for p, deltas in planned:
@@ -216,15 +224,16 @@ def post_many(postings: list[Posting]) -> list[LedgerTransaction]:
                                                                "needed": str(-delta)})
                 balance[k] = new
             txn = LedgerTransaction(id=p.id, kind=p.kind, memo=p.memo[:400], idempotency_key=p.idempotency_key,
-                                    lease_id=p.lease_id, order_id=p.order_id, project_id=p.project_id)
+                                    lease_id=p.lease_id, order_id=p.order_id, project_id=p.project_id, created_at=now)
             rows.append(txn)
             out.append(txn)
-            entries += [LedgerEntry(transaction_id=p.id, account_id=accounts[k][0], amount=a, project_id=project)
-                        for k, a, project in deltas]
+            entries += [(p.id, accounts[k][0], a, project, now) for k, a, project in deltas]
         if rows:
             try:
                 with transaction.atomic():  # a savepoint, so a lost key race leaves the outer transaction usable
-                    LedgerTransaction.objects.bulk_create(rows)
+                    insert_rows(LedgerTransaction, TXN_COLUMNS, [
+                        (t.id, t.kind, t.memo, t.idempotency_key, t.lease_id, t.order_id, t.project_id,
+                         ZERO, now) for t in rows])
             except IntegrityError:
                 # A concurrent poster without our accounts in common used a key of ours first.
                 if len(rows) == 1 and rows[0].idempotency_key is not None:
@@ -232,10 +241,10 @@ def post_many(postings: list[Posting]) -> list[LedgerTransaction]:
                     if existing is not None:
                         return [_same_or_conflict(existing, rows[0].kind)]
                 raise
-            LedgerEntry.objects.bulk_create(entries)
-            changed = [Account(pk=pk, balance=balance[k]) for k, (pk, old) in accounts.items() if balance[k] != old]
+            insert_rows(LedgerEntry, ENTRY_COLUMNS, entries)
             # Exact Decimal arithmetic done here on the locked rows (SQLite would add NUMERICs as floats).
-            Account.objects.bulk_update(changed, ["balance"])
+            update_rows(Account, ["balance"], [(pk, balance[k]) for k, (pk, old) in accounts.items()
+                                               if balance[k] != old])
     return out  # type: ignore[return-value]
 
 

@@ -33,9 +33,9 @@ from .ledger import InsufficientFunds, Posting, key_of
 __all__ = ["InsufficientFunds", "fee_of", "charge_usage", "charge", "refund", "refundable", "credit", "topup",
            "topup_refund", "resale_sale", "payout", "UsageCharge", "UsagePosted"]
 
-FEES = (None, Account.Kind.PLATFORM_FEES)
-CLEARING = (None, Account.Kind.STRIPE_CLEARING)
-PROMOTIONS = (None, Account.Kind.PROMOTIONS)
+FEES = (None, "platform_fees")
+CLEARING = (None, "stripe_clearing")
+PROMOTIONS = (None, "promotions")
 
 
 def fee_of(amount: Decimal, *, rate: Decimal | None = None) -> Decimal:
