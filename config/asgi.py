@@ -1,4 +1,5 @@
 """ASGI entry point: HTTP through Django; websockets for agents (token auth) and the console (session)."""
+import gc
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings.dev")
@@ -30,3 +31,9 @@ async def websocket_router(scope, receive, send):
 
 
 application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": websocket_router})
+
+# What the process loaded to start (Django, the apps, their modules) lives as long as it does: keep it out of the
+# collector's full passes, which otherwise walk it on every one (a web process holding the market's pool
+# snapshot of 10,000 GPUs paused ~200 ms for a full pass; docs/performance.md).
+gc.collect()
+gc.freeze()

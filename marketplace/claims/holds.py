@@ -15,6 +15,7 @@ from marketplace.conf import market
 from marketplace.models import Lease, Mode, Order, Reservation
 from scheduler.core.model import Request
 from scheduler.core.slots import Slots
+from scheduler.models import Slice
 from scheduler.services.allocation import Hold, Occupant
 
 FAR_FUTURE = datetime(9999, 1, 1, tzinfo=timezone.get_fixed_timezone(0))
@@ -95,7 +96,7 @@ class LeaseClasses:
         row = self.rows.get(sl.pk)
         if row is None:
             # No lease: a provider's hand-made or adopted instance, or one still being destroyed.
-            if window_start is not None and sl.state == sl.State.DESTROYING:
+            if window_start is not None and sl.state == Slice.State.DESTROYING:
                 return None
             return Occupant()
         lease_id, mode, ends, state = row

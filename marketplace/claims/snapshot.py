@@ -7,13 +7,14 @@ slots, and for a future window the slices gone by then are left out; the view ch
 (`Pool.overlay`) and puts them back after the decision. So:
 
 - read paths (the catalog, each keystroke of the order preview) share one base snapshot for
-  SNAPSHOT_TTL_SECONDS (`cached`); a stale view only shows a slice a second late;
+  SNAPSHOT_TTL_SECONDS, refreshed in the background (`cached`); a stale view only shows a slice seconds late;
 - the queue retry builds one for its whole batch (`fresh` once, again after a placement);
 - a placement decides on a fresh one, and its claim re-checks under the GPU locks, so nothing stale is taken.
 The shared snapshot is guarded by a lock: a view mutates the pool while it lasts.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from contextlib import contextmanager
@@ -27,6 +28,8 @@ from scheduler.services.allocation import Snapshot, placed, pool_snapshot, with_
 
 from .holds import LeaseClasses, reservation_holds
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class MarketSnapshot:
@@ -36,6 +39,18 @@ class MarketSnapshot:
     leases: LeaseClasses
     built_at: float = field(default_factory=time.monotonic)
     lock: threading.RLock = field(default_factory=threading.RLock)
+    # What read paths derived from this snapshot (the catalog's aggregation per filter and reserved windows):
+    # it lives and dies with the snapshot.
+    memo: dict = field(default_factory=dict)
+
+    def remember(self, key, make):
+        """memo[key], made by `make()` the first time (a few hundred keys at most)."""
+        with self.lock:
+            if key not in self.memo:
+                if len(self.memo) > 256:
+                    self.memo.clear()
+                self.memo[key] = make()
+            return self.memo[key]
 
     @property
     def pool(self):
@@ -51,16 +66,41 @@ def fresh() -> MarketSnapshot:
 
 _shared: MarketSnapshot | None = None
 _shared_lock = threading.Lock()
+_refreshing = threading.Event()
 
 
 def cached(*, max_age: float | None = None) -> MarketSnapshot:
-    """The shared base snapshot for read paths, rebuilt when older than SNAPSHOT_TTL_SECONDS."""
+    """The shared base snapshot for read paths, at most SNAPSHOT_TTL_SECONDS old. Past its age a new one is
+    built in a background thread while readers keep the current one, so no reader waits for a rebuild (10,000
+    GPUs take about a second) but the first of a process, or one after the refresh has been stuck for ten
+    times the TTL. A TTL of 0 builds one for every call (tests)."""
     global _shared
     ttl = market("SNAPSHOT_TTL_SECONDS") if max_age is None else max_age
     with _shared_lock:
-        if _shared is None or time.monotonic() - _shared.built_at > ttl:
-            _shared = fresh()
-        return _shared
+        current = _shared
+        age = time.monotonic() - current.built_at if current is not None else None
+        if current is None or ttl <= 0 or age > max(10 * ttl, 30.0):
+            _shared = current = fresh()
+            return current
+        if age > ttl and not _refreshing.is_set():
+            _refreshing.set()
+            threading.Thread(target=_refresh, name="market-snapshot", daemon=True).start()
+        return current
+
+
+def _refresh() -> None:
+    global _shared
+    from django.db import connections
+
+    try:
+        snap = fresh()
+        with _shared_lock:
+            _shared = snap
+    except Exception:  # a failed refresh leaves the current snapshot; the next reader past the TTL retries
+        log.exception("the market's shared snapshot could not be refreshed")
+    finally:
+        _refreshing.clear()
+        connections.close_all()  # this thread's connections
 
 
 def forget() -> None:
@@ -72,12 +112,13 @@ def forget() -> None:
 
 @contextmanager
 def view(ms: MarketSnapshot, *, start: datetime, end: datetime, window_start: datetime | None = None,
-         exclude: tuple = ()) -> Iterator[Snapshot]:
+         exclude: tuple = (), held: list | None = None) -> Iterator[Snapshot]:
     """`ms` as a placement over [start, end) sees it: live reserved windows overlapping the span (but those in
-    `exclude`) are held slots; with `window_start` (a booking), slices gone by then do not count."""
+    `exclude`) are held slots; with `window_start` (a booking), slices gone by then do not count. `held`: those
+    windows, when the caller has read them already."""
     pool = ms.snapshot.pool
     holds: dict[int, list] = {}
-    for h in reservation_holds(start=start, end=end, exclude=exclude):
+    for h in reservation_holds(start=start, end=end, exclude=exclude) if held is None else held:
         holds.setdefault(h.gpu_id, []).append(h)
     uuid_of = {pk: uuid for uuid, pk in ms.snapshot.gpu_ids.items()}
     changed = {uuid_of[g] for g in holds if g in uuid_of}
@@ -86,10 +127,9 @@ def view(ms: MarketSnapshot, *, start: datetime, end: datetime, window_start: da
                     if any(ms.leases.leaves_before(sl, window_start) for sl in slices)}
     changes = {}
     for uuid in changed:
-        gpu = ms.snapshot.gpus[uuid]
         geometry = pool.gpu(uuid).geometry
         instances = placed(geometry, ms.snapshot.slices[uuid],
                            lambda sl: ms.leases.occupant(sl, window_start=window_start))
-        changes[uuid] = with_holds(geometry, instances, holds.get(gpu.pk, ()))
+        changes[uuid] = with_holds(geometry, instances, holds.get(ms.snapshot.gpu_ids[uuid], ()))
     with ms.lock, pool.overlay(changes):
         yield ms.snapshot

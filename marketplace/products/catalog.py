@@ -9,7 +9,7 @@ queries whatever the fleet size, none at all while the snapshot is fresh but the
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -17,6 +17,7 @@ from django.utils import timezone
 
 from marketplace.amounts import micro
 from marketplace.claims import snapshot
+from marketplace.claims.holds import reservation_holds
 from marketplace.models import Interruption, ResaleListing
 from marketplace.pricing import price_for, spot_factor_for
 from scheduler.core import mig as core_mig
@@ -91,9 +92,19 @@ def offer_list(*, filters: Filters, now: datetime | None = None) -> list[Offer]:
     """The offers passing `filters`, sorted by `filters.ordering` ("price", "-availability", ...)."""
     now = now or timezone.now()
     ms = snapshot.cached()
-    with snapshot.view(ms, start=now, end=now + timedelta(seconds=1)) as snap:
-        offers = _aggregate(snap, filters)
-    out = list(offers.values())
+    start, end = now, now + timedelta(seconds=1)
+    held = reservation_holds(start=start, end=end)
+    # The aggregation depends on the snapshot, the windows reserved now and the node-level filters only: made
+    # once per snapshot for each of those (the shared snapshot lives SNAPSHOT_TTL_SECONDS).
+    key = ("offers", filters.gpu_model, filters.region, filters.min_reliability, filters.min_cuda,
+           filters.min_compute_capability, filters.min_memory_gb,
+           tuple(sorted((h.gpu_id, h.profile or "", h.start) for h in held)))
+
+    def aggregate():
+        with snapshot.view(ms, start=start, end=end, held=held) as snap:
+            return _aggregate(snap, filters)
+
+    out = [replace(o, prices=dict(o.prices), interruptions={}) for o in ms.remember(key, aggregate).values()]
     _decorate(out, now, ms.pool.spot_factors)
     out = [o for o in out if _offer_passes(filters, o)]
     return _sorted(out, filters)

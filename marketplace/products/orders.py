@@ -222,16 +222,17 @@ def _try_place(*, order: Order, now: datetime, base: snapshot.MarketSnapshot | N
     return False
 
 
-def _slice_price(*, order: Order, gpu, profile: str | None, now: datetime, factors: dict | None = None) -> Decimal:
+def _slice_price(*, order: Order, base: Decimal, model: str, geometry, profile: str | None, now: datetime,
+                 factors: dict | None = None) -> Decimal:
     mode = order.mode if order.mode != Mode.RESERVED else reserved_mode(starts_at=order.window_start, now=now)
-    factor = spot_factor_for(model=gpu.gpu_model.key, known=factors) if order.mode == Mode.SPOT else None
-    return price_for(mode=mode, base_per_gpu_hour=gpu.node.price_per_gpu_hour, geometry=gpu.geometry(),
-                     profile=profile, spot_factor=factor)
+    factor = spot_factor_for(model=model, known=factors) if order.mode == Mode.SPOT else None
+    return price_for(mode=mode, base_per_gpu_hour=base, geometry=geometry, profile=profile, spot_factor=factor)
 
 
 def _open_leases(*, order: Order, slices: list, now: datetime) -> None:
     """One lease per claimed slice (k GPUs: k leases), after one wallet check for all of them."""
-    prices = [_slice_price(order=order, gpu=sl.gpu, profile=sl.profile or None, now=now) for sl in slices]
+    prices = [_slice_price(order=order, base=sl.gpu.node.price_per_gpu_hour, model=sl.gpu.gpu_model.key,
+                           geometry=sl.gpu.geometry(), profile=sl.profile or None, now=now) for sl in slices]
     price = sum(prices, Decimal("0"))
     needed = cost(per_hour=price, seconds=market("MIN_PREPAID_SECONDS"))
     if ledger.wallet_balance(user=order.buyer) < needed:
@@ -372,11 +373,12 @@ def _priced(order: Order, decision: Decision, snap: Snapshot, *, now: datetime, 
     per_hour, pu = Decimal("0"), 0.0
     for p in decision.placements:
         gpu, node, geometry = snap.facts(p.gpu_uuid)
-        spec = GPU_MODELS[gpu.gpu_model.key]
+        spec = GPU_MODELS[gpu.model]
         profile = p.profile if geometry is not None else None
-        per_hour += _slice_price(order=order, gpu=gpu, profile=profile, now=now, factors=factors)
+        per_hour += _slice_price(order=order, base=node.price_per_gpu_hour, model=gpu.model, geometry=geometry,
+                                 profile=profile, now=now, factors=factors)
         pu += perf.profile_pu(spec, geometry.profile(profile)) if profile else perf.gpu_pu(spec)
-        q.gpu_model, q.region = gpu.gpu_model.key, node.region
+        q.gpu_model, q.region = gpu.model, node.region
         q.profile = profile or (geometry.full_profile.name if geometry is not None else "whole")
     q.per_hour, q.pu = per_hour, pu
     q.per_pu_hour = (per_hour / Decimal(str(pu))).quantize(Decimal("0.0001")) if pu else None

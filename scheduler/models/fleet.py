@@ -1,4 +1,5 @@
 """The supply inventory: nodes (a provider's server running an agent), their GPUs and the slices on them."""
+import json
 import uuid
 
 from django.conf import settings
@@ -7,6 +8,9 @@ from django.db.models import Q
 
 from scheduler.core import mig as core_mig
 from scheduler.core.slots import Slots
+
+
+_GEOMETRIES: dict[str, core_mig.MigGeometry] = {}  # canonical JSON -> parsed, shared
 
 
 class Node(models.Model):
@@ -79,9 +83,17 @@ class Gpu(models.Model):
         return f"{self.node.name}/gpu{self.index} ({self.name})"
 
     def geometry(self) -> core_mig.MigGeometry | None:
+        """The MIG geometry the agent reported (None with MIG off). GPUs that report the same geometry share one
+        immutable object: a snapshot of 10,000 GPUs holds a handful, not 10,000 copies for the collector."""
         if not self.mig_enabled or not self.mig_geometry:
             return None
-        return core_mig.MigGeometry.from_dict(self.mig_geometry)
+        key = json.dumps(self.mig_geometry, sort_keys=True)
+        geometry = _GEOMETRIES.get(key)
+        if geometry is None:
+            if len(_GEOMETRIES) > 256:
+                _GEOMETRIES.clear()
+            geometry = _GEOMETRIES[key] = core_mig.MigGeometry.from_dict(self.mig_geometry)
+        return geometry
 
 
 class Slice(models.Model):

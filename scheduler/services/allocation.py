@@ -61,7 +61,30 @@ class Hold:
         return Slots.of(geometry, self.profile, self.start)
 
 
-Classify = Callable[[Slice], "Occupant | None"]  # None: the slice does not count for this decision
+@dataclass(frozen=True, slots=True)
+class GpuRow:
+    """What a snapshot keeps of a GPU row (a plain record: 10,000 model instances would cost the collector)."""
+
+    pk: int
+    uuid: str
+    node_id: str
+    name: str
+    model: str  # catalog key
+    geometry: core_mig.MigGeometry | None
+
+
+@dataclass(frozen=True, slots=True)
+class SliceRow:
+    """What a snapshot keeps of an active slice."""
+
+    pk: object
+    gpu_id: int
+    profile: str
+    start: int
+    state: str
+
+
+Classify = Callable[[SliceRow], "Occupant | None"]  # None: the slice does not count for this decision
 HoldsFor = Callable[[int], "list[Hold]"]  # the holds on one GPU, read again under its row lock
 
 
@@ -70,13 +93,13 @@ class Snapshot:
     pool: Pool
     gpu_ids: dict[str, int] = field(default_factory=dict)  # GPU uuid -> pk
     nodes: dict[str, Node] = field(default_factory=dict)
-    gpus: dict[str, Gpu] = field(default_factory=dict)
-    slices: dict[str, list[Slice]] = field(default_factory=dict)  # GPU uuid -> its active slices
+    gpus: dict[str, GpuRow] = field(default_factory=dict)
+    slices: dict[str, list[SliceRow]] = field(default_factory=dict)  # GPU uuid -> its active slices
 
-    def facts(self, gpu_uuid: str) -> tuple[Gpu, Node, core_mig.MigGeometry | None]:
-        """The GPU row, its node and its geometry, as loaded for this snapshot."""
+    def facts(self, gpu_uuid: str) -> tuple[GpuRow, Node, core_mig.MigGeometry | None]:
+        """The GPU, its node and its geometry, as loaded for this snapshot."""
         gpu = self.gpus[gpu_uuid]
-        return gpu, self.nodes[str(gpu.node_id)], gpu.geometry()
+        return gpu, self.nodes[gpu.node_id], gpu.geometry
 
 
 def _instance_slots(geometry, i: PlacedInstance) -> Slots:
@@ -103,7 +126,7 @@ def with_holds(geometry: core_mig.MigGeometry | None, instances: list[PlacedInst
     return out
 
 
-def placed(geometry: core_mig.MigGeometry | None, slices: Iterable[Slice],
+def placed(geometry: core_mig.MigGeometry | None, slices: Iterable[SliceRow],
            classify: Classify | None) -> list[PlacedInstance]:
     """The engine's instances for a GPU's active slices, as `classify` says what each is (None: not counted)."""
     out = []
@@ -120,26 +143,29 @@ def placed(geometry: core_mig.MigGeometry | None, slices: Iterable[Slice],
 def pool_snapshot(*, models: Iterable[str] | None = None, classify: Classify | None = None,
                   holds: Iterable[Hold] = (), interruption_rate: dict | None = None,
                   rules: PriceRules = DEFAULT_RULES, spot_factors: dict | None = None) -> Snapshot:
-    """The schedulable pool now: online nodes, their present GPUs (of `models`) and active slices; 3 queries."""
+    """The schedulable pool now: online nodes, their present GPUs (of `models`) and active slices; 3 queries,
+    read as plain rows."""
     nodes = {str(n.pk): n for n in Node.objects.filter(status=Node.Status.ONLINE)}
     gpu_qs = (Gpu.objects.filter(node__status=Node.Status.ONLINE, present=True, gpu_model__isnull=False)
-              .select_related("gpu_model").order_by("node_id", "index"))
+              .order_by("node_id", "index"))
     slice_qs = Slice.objects.filter(state__in=Slice.ACTIVE_STATES, gpu__node__status=Node.Status.ONLINE,
                                     gpu__present=True)
     if models:
         gpu_qs = gpu_qs.filter(gpu_model__key__in=list(models))
         slice_qs = slice_qs.filter(gpu__gpu_model__key__in=list(models))
-    by_gpu: dict[int, list[Slice]] = {}
-    for sl in slice_qs.order_by("gpu_id", "start"):
-        by_gpu.setdefault(sl.gpu_id, []).append(sl)
+    by_gpu: dict[int, list[SliceRow]] = {}
+    for row in slice_qs.order_by("gpu_id", "start").values_list("pk", "gpu_id", "profile", "start", "state"):
+        by_gpu.setdefault(row[1], []).append(SliceRow(*row))
     holds_by_gpu: dict[int, list[Hold]] = {}
     for h in holds:
         holds_by_gpu.setdefault(h.gpu_id, []).append(h)
     rates = interruption_rate or {}
     states: dict[str, NodeState] = {}
     snap = Snapshot(pool=None, nodes=nodes)  # type: ignore[arg-type]
-    for gpu in gpu_qs:
-        node = nodes.get(str(gpu.node_id))
+    geometry_of = Gpu()  # Gpu.geometry() parses (and shares) what the agent reported
+    for pk, uuid, node_id, name, model, mig_enabled, mig_geometry, health in gpu_qs.values_list(
+            "pk", "uuid", "node_id", "name", "gpu_model__key", "mig_enabled", "mig_geometry", "health"):
+        node = nodes.get(str(node_id))
         if node is None:
             continue
         ns = states.get(str(node.pk))
@@ -148,14 +174,14 @@ def pool_snapshot(*, models: Iterable[str] | None = None, classify: Classify | N
                 id=str(node.pk), region=node.region, online=True, cuda_version=node.cuda_version or "0",
                 price_per_gpu_hour=float(node.price_per_gpu_hour), reliability=node.reliability,
                 interruption_rate=float(rates.get(str(node.pk), 0.0)))
-        geometry = gpu.geometry()
-        instances = with_holds(geometry, placed(geometry, by_gpu.get(gpu.pk, ()), classify),
-                               holds_by_gpu.get(gpu.pk, ()))
-        ns.gpus.append(GpuState(uuid=gpu.uuid, node_id=str(node.pk), model=gpu.gpu_model.key, geometry=geometry,
-                                instances=instances, health=gpu.health))
-        snap.gpu_ids[gpu.uuid] = gpu.pk
-        snap.gpus[gpu.uuid] = gpu
-        snap.slices[gpu.uuid] = by_gpu.get(gpu.pk, [])
+        geometry_of.mig_enabled, geometry_of.mig_geometry = mig_enabled, mig_geometry
+        geometry = geometry_of.geometry()
+        instances = with_holds(geometry, placed(geometry, by_gpu.get(pk, ()), classify), holds_by_gpu.get(pk, ()))
+        ns.gpus.append(GpuState(uuid=uuid, node_id=ns.id, model=model, geometry=geometry, instances=instances,
+                                health=health))
+        snap.gpu_ids[uuid] = pk
+        snap.gpus[uuid] = GpuRow(pk, uuid, ns.id, name, model, geometry)
+        snap.slices[uuid] = by_gpu.get(pk, [])
     # The node states were built for this pool alone: no copy needed.
     snap.pool = Pool(states.values(), rules=rules, spot_factors=spot_factors, copy=False)
     return snap
