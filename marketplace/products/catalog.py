@@ -58,7 +58,15 @@ class Offer:
     reliability: float = 0.0
     prices: dict = field(default_factory=dict)  # mode -> Decimal per hour (the cheapest node)
     interruptions: dict = field(default_factory=dict)
+    compute_slices: int | None = None  # of the MIG profile (None: a whole GPU that is not split)
+    base: tuple | None = None  # (base price, geometry, profile) of the node the prices are of: price_for's input
     _rel: list = field(default_factory=list, repr=False)
+
+    def price_at(self, mode: str, *, spot_factor: Decimal | None = None) -> Decimal:
+        """This unit's price in `mode` at its priced node (a spot price at any recorded factor)."""
+        base, geometry, profile = self.base
+        return price_for(mode=mode, base_per_gpu_hour=base, geometry=geometry, profile=profile,
+                         spot_factor=spot_factor)
 
     @property
     def key(self) -> str:
@@ -140,7 +148,8 @@ def _aggregate(snap, filters: Filters) -> dict[tuple, Offer]:
             if o is None:
                 pu = perf.profile_pu(spec, prof) if prof else perf.gpu_pu(spec)
                 o = offers[key] = Offer(gpu_model=gpu.model, profile=name, region=node.region, memory_gb=memory,
-                                        compute_capability=spec.compute_capability, pu=pu)
+                                        compute_capability=spec.compute_capability, pu=pu,
+                                        compute_slices=prof.compute_slices if prof else None)
             o.availability += free
             o.gpus += 1
             o._rel.append(node.reliability)
@@ -188,10 +197,9 @@ def _decorate(offers: list[Offer], now: datetime, factors: dict) -> None:
             "gpu_model", "profile", "region", "kind", "announced_at", "notice_seconds").order_by("-announced_at"):
         history[(m, p, r)].append((kind, at, notice))
     for o in offers:
-        base, geometry, profile = o.prices.pop("_base")
+        o.base = o.prices.pop("_base")
         o.prices.pop("_od", None), o.prices.pop("_avail", None)
-        o.prices["spot"] = price_for(mode="spot", base_per_gpu_hour=base, geometry=geometry, profile=profile,
-                                     spot_factor=spot_factor_for(model=o.gpu_model, known=factors))
+        o.prices["spot"] = o.price_at("spot", spot_factor=spot_factor_for(model=o.gpu_model, known=factors))
         if (o.gpu_model, o.profile, o.region) in asks:
             o.prices["resale"] = asks[(o.gpu_model, o.profile, o.region)]
         o.reliability = round(sum(o._rel) / len(o._rel), 4) if o._rel else 0.0

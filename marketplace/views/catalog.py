@@ -4,7 +4,6 @@ spot price chart. Public: visitors browse, buyers order."""
 from __future__ import annotations
 
 from datetime import timedelta
-from decimal import Decimal
 
 from django.http import Http404
 from django.shortcuts import render
@@ -38,11 +37,11 @@ def _order_query(o) -> str:
     from urllib.parse import urlencode
 
     q = {"gpu_model": o.gpu_model, "region": o.region}
-    if o.profile == "whole":
+    if o.compute_slices is None:
         q["whole_gpu"] = "on"
     else:
         q["memory_gb"] = f"{o.memory_gb:g}"
-        q["compute_slices"] = o.profile.split("g.")[0]
+        q["compute_slices"] = str(o.compute_slices)
     return urlencode(q)
 
 
@@ -76,11 +75,10 @@ def unit_detail(request, key: str):
     since = timezone.now() - timedelta(days=2)
     points = list(market_selectors.spot_price_series(gpu_model=gpu_model, since=since)
                   .values_list("at", "factor")[:2000])
-    od = offer.price("on_demand")
     series = {"t": [], "price": []}
     for at, factor in reversed(points):  # the selector orders newest first
         series["t"].append(int(at.timestamp()))
-        series["price"].append(float((od * Decimal(factor)).quantize(Decimal("0.000001"))))
+        series["price"].append(float(offer.price_at("spot", spot_factor=factor)))
     return render(request, "console/unit.html", {
         "offer": offer, "rows": _rows([offer], "on_demand"), "series": series, "points": len(series["t"]),
         "order_query": _order_query(offer), "nav": "catalog"})

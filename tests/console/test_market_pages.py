@@ -3,6 +3,7 @@ forms submit without a script; bad input gets a message beside its field and kee
 page shows only its user's data; list pages make a fixed number of queries however many rows they show."""
 from __future__ import annotations
 
+import json
 import re
 from datetime import timedelta
 from decimal import Decimal
@@ -93,6 +94,9 @@ def test_a_units_page_draws_its_spot_price_history(client, fleet):
     assert r.status_code == 200
     html = r.content.decode()
     assert 'id="spot-series"' in html and 'data-points="3"' in html
+    # the pool is all free: 0.5 x base 2.00 x half a GPU = 0.50/h at each point (spot is a factor on base)
+    series = json.loads(re.search(r'<script id="spot-series" type="application/json">(.*?)</script>', html).group(1))
+    assert series["price"] == [0.5, 0.5, 0.5]
     assert client.get("/catalog/a100-80gb:9g.1gb:eu-west/").status_code == 404
 
 
