@@ -4,11 +4,12 @@ marketplace.products.orders.order_place, the same service the API calls; the pre
 the same engine on a shared snapshot."""
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
+from django.utils import timezone
 
 from marketplace import selectors as market_selectors
 from marketplace.models import Mode
@@ -38,12 +39,19 @@ def quote(form: OrderForm, *, user, now: datetime | None = None):
     mode = _value(form, "mode") or "on_demand"
     data = {name: _value(form, name) for name in form.fields}
     data["mode"] = mode
-    if mode == Mode.RESERVED and not (data.get("window_start") and data.get("window_end")):
-        return None
+    window_chosen = bool(data.get("window_start") and data.get("window_end"))
+    if mode == Mode.RESERVED and not window_chosen:
+        # No window yet: price the unit an hour-long window booked ahead would get, so that the calendar of
+        # free hours can be drawn for it (the window is then picked there).
+        start = (now or timezone.now()).replace(minute=0, second=0, microsecond=0) + timedelta(hours=2)
+        data["window_start"], data["window_end"] = start, start + timedelta(hours=1)
     try:
-        return order_services.order_quote(buyer=user, spec=_spec_from(data), now=now)
+        q = order_services.order_quote(buyer=user, spec=_spec_from(data), now=now)
     except DomainError:
         return None
+    if mode == Mode.RESERVED and not window_chosen:
+        q.hours = q.total = None
+    return q
 
 
 def _spec(form: OrderForm) -> order_services.OrderSpec:

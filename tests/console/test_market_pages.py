@@ -172,6 +172,14 @@ def test_the_price_preview_gives_total_per_hour_and_per_pu_hour(client, fleet, b
     assert re.search(r'id="quote-per-hour">\$0\.8500<', html) and 'class="calendar"' in html and "slot free" in html
 
 
+def test_a_reserved_order_without_a_window_yet_shows_the_units_price_and_its_calendar_of_free_hours(client, fleet, buyer):
+    fleet.node("h100-80gb:1", price="2.00")
+    html = client.get("/order/?mode=reserved&gpu_model=h100-80gb&memory_gb=20&compute_slices=2").content.decode()
+    # 2g.20gb is two sevenths of an H100 booked ahead: 0.85 x 2.00 x 2/7 = 0.4857/h; no window, no total
+    assert re.search(r'id="quote-per-hour">\$0\.4857<', html) and 'id="calendar"' in html and "slot free" in html
+    assert re.search(r'id="quote-total">—<', html)
+
+
 def test_the_calendar_shows_a_booked_window_as_taken(client, fleet, buyer):
     fleet.node("a100-80gb:1", price="2.00")
     top_up(buyer, "100")
