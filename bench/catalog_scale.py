@@ -44,8 +44,8 @@ def seed(n_gpus: int, *, start: int = 0):
     """n_gpus more GPUs on nodes of eight; a third of the MIG GPUs get one to three slices."""
     from django.contrib.auth import get_user_model
 
-    from scheduler.core import mig as core_mig
-    from scheduler.core.gpus import GPU_MODELS
+    from nodeagent.hardware import mig as core_mig
+    from nodeagent.hardware.gpus import GPU_MODELS
     from scheduler.models import Gpu, GpuModel, Node, Slice
 
     provider, _ = get_user_model().objects.get_or_create(username="provider")

@@ -21,9 +21,9 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from scheduler.core import mig  # noqa: E402
+from nodeagent.hardware import mig  # noqa: E402
 from scheduler.core.engine import Pool, Scheduler  # noqa: E402
-from scheduler.core.gpus import GPU_MODELS  # noqa: E402
+from nodeagent.hardware.gpus import GPU_MODELS  # noqa: E402
 from scheduler.core.model import GpuState, NodeState, PlacedInstance, Request  # noqa: E402
 from scheduler.core.regions import REGIONS  # noqa: E402
 

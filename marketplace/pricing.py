@@ -16,7 +16,7 @@ from django.db.models import OuterRef, Subquery
 from marketplace.conf import market, price_rules
 from marketplace.models import SpotPrice
 from scheduler.core import pricing
-from scheduler.core.mig import MigGeometry
+from nodeagent.hardware.mig import MigGeometry
 
 from .amounts import micro
 

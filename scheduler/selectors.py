@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from django.db.models import Count, Prefetch, Q, QuerySet
 
-from scheduler.core import mig as core_mig
+from nodeagent.hardware import mig as core_mig
 from scheduler.models import Gpu, HealthEvent, Node, Slice
 
 

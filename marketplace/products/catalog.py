@@ -20,10 +20,10 @@ from marketplace.claims import snapshot
 from marketplace.claims.holds import reservation_holds
 from marketplace.models import Interruption, ResaleListing
 from marketplace.pricing import price_for, spot_factor_for
-from scheduler.core import mig as core_mig
+from nodeagent.hardware import mig as core_mig
 from scheduler.core import perf
 from scheduler.core.filters import version_tuple
-from scheduler.core.gpus import GPU_MODELS
+from nodeagent.hardware.gpus import GPU_MODELS
 
 WHOLE = "whole"
 SORTS = {"price", "pu_per_dollar", "reliability", "availability", "memory_gb", "pu"}

@@ -27,7 +27,7 @@ from marketplace.money import ledger
 from marketplace.notifications import webhook_url_check
 from marketplace.pricing import price_for, reserved_mode, spot_factor_for
 from scheduler.core import perf
-from scheduler.core.gpus import GPU_MODELS
+from nodeagent.hardware.gpus import GPU_MODELS
 from scheduler.core.model import Decision
 from scheduler.errors import Conflict, DomainError, NotFound
 from scheduler.models import GpuModel

@@ -15,7 +15,7 @@ from marketplace.claims import snapshot
 from marketplace.lifecycle.leases import lease_interrupt, lease_reprice
 from marketplace.models import Interruption, Lease, Mode, SpotPrice
 from marketplace.pricing import price_for, spot_factor_at
-from scheduler.core.mig import MigGeometry, smallest_fitting_profile
+from nodeagent.hardware.mig import MigGeometry, smallest_fitting_profile
 from scheduler.core.model import Request
 from scheduler.models import Gpu
 

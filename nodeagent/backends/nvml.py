@@ -17,7 +17,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from scheduler.core import gpus as catalog
+from nodeagent.hardware import gpus as catalog
 
 from .. import protocol
 from ..errors import BackendError, not_found, not_supported

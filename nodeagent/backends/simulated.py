@@ -1,7 +1,7 @@
 """A simulated GPU server: the catalog's models, NVIDIA's MIG rules, and believable metrics, in memory.
 
 Used by the demo (several agents on one laptop) and by tests. The MIG rules are not re-implemented here:
-`scheduler.core.mig` (the same geometry the scheduler plans with) decides what may be created where, so
+`nodeagent.hardware.mig` (the same geometry the scheduler plans with) decides what may be created where, so
 the simulated driver refuses exactly what the scheduler would never ask for.
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ import threading
 import uuid as uuidlib
 from dataclasses import dataclass, field
 
-from scheduler.core import gpus as catalog
-from scheduler.core import mig
+from nodeagent.hardware import gpus as catalog
+from nodeagent.hardware import mig
 
 from .. import protocol
 from ..errors import BackendError, not_found, not_supported

@@ -18,7 +18,9 @@ import random
 from collections import defaultdict
 from typing import Callable
 
-from . import mig, preemption
+from nodeagent.hardware import mig
+
+from . import preemption
 from .engine import Pool, Scheduler
 from .model import Decision, GpuState, Request
 from .placement import Option, multi_option, single_option

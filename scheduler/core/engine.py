@@ -25,7 +25,9 @@ from __future__ import annotations
 
 from typing import Literal, Sequence
 
-from . import mig, preemption
+from nodeagent.hardware import mig
+
+from . import preemption
 from .exhaustive import ExhaustiveSearch
 from .fast_path import FastSearch
 from .filtering import FilterChecks

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import heapq
 
-from . import mig
+from nodeagent.hardware import mig
 from .model import Request
 from .placement import Option, multi_option, single_option, waste_for
 from .pool import FIXED, WHOLE, GpuRecord, Pool

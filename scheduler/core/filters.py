@@ -18,7 +18,7 @@ import functools
 import re
 from typing import Literal, Protocol
 
-from .gpus import GpuModelSpec
+from nodeagent.hardware.gpus import GpuModelSpec
 from .model import GpuState, NodeState, Request
 from .pricing import slice_share
 

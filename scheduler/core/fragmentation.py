@@ -27,8 +27,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Sequence
 
-from . import mig
-from .gpus import GPU_MODELS
+from nodeagent.hardware import mig
+from nodeagent.hardware.gpus import GPU_MODELS
 
 if TYPE_CHECKING:
     from .model import Request

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from .mig import Instance, MigGeometry
+from nodeagent.hardware.mig import Instance, MigGeometry
 
 PriorityClass = Literal["reserved", "on_demand", "spot"]
 Health = Literal["healthy", "degraded", "cordoned"]
@@ -39,7 +39,7 @@ class PlacedInstance:
 class GpuState:
     uuid: str
     node_id: str
-    model: str  # catalog key, e.g. "h100-80gb" (scheduler.core.gpus.GPU_MODELS)
+    model: str  # catalog key, e.g. "h100-80gb" (nodeagent.hardware.gpus.GPU_MODELS)
     geometry: MigGeometry | None  # None = not MIG-capable, or MIG mode off: sold as a whole GPU only
     instances: list[PlacedInstance] = field(default_factory=list)
     health: Health = "healthy"

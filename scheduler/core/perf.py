@@ -14,8 +14,8 @@ bandwidth that feeds it, then how large a model fits.
 """
 from __future__ import annotations
 
-from .gpus import GpuModelSpec
-from .mig import MigProfile
+from nodeagent.hardware.gpus import GpuModelSpec
+from nodeagent.hardware.mig import MigProfile
 
 REFERENCE_TENSOR_TFLOPS = 312.0
 REFERENCE_BANDWIDTH_GBS = 2039.0

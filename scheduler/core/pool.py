@@ -35,9 +35,11 @@ from contextlib import contextmanager
 from copy import deepcopy
 from typing import Iterable, Iterator
 
-from . import mig, perf
+from nodeagent.hardware import mig
+
+from . import perf
 from .fragmentation import DemandMix, FragCache
-from .gpus import GPU_MODELS, GpuModelSpec
+from nodeagent.hardware.gpus import GPU_MODELS, GpuModelSpec
 from .model import Decision, GpuState, NodeState, PlacedInstance, Request
 from .pricing import DEFAULT_RULES, PriceRules
 from .scorers import PriceScorer, ReliabilityScorer

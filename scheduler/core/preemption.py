@@ -24,7 +24,7 @@ from __future__ import annotations
 import heapq
 from typing import TYPE_CHECKING
 
-from . import mig
+from nodeagent.hardware import mig
 from .model import PlacedInstance, Request
 from .placement import Option, single_option
 from .pool import CLASS_FIELDS, GpuRecord, node_class

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
-from .mig import MigGeometry
+from nodeagent.hardware.mig import MigGeometry
 
 MICRO = Decimal("0.000001")
 FACTOR = Decimal("0.0001")  # spot factors are kept to four places (the price history stores them)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .mig import MigGeometry
+from nodeagent.hardware.mig import MigGeometry
 
 ALL_SLOTS = 64  # more memory slices than any GPU has (8 on A100/H100/H200, 4 on A30)
 

@@ -1,4 +1,4 @@
-"""Seed the GPU catalog from scheduler.core.gpus (every model of DESIGN.md §4 with its MIG geometry).
+"""Seed the GPU catalog from nodeagent.hardware.gpus (every model of DESIGN.md §4 with its MIG geometry).
 
 Updates figures in place and deletes nothing, so GPUs keep their model.
 """

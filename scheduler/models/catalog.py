@@ -1,8 +1,8 @@
-"""The hardware catalog: GPU models and their MIG profiles, seeded from scheduler.core.gpus."""
+"""The hardware catalog: GPU models and their MIG profiles, seeded from nodeagent.hardware.gpus."""
 from django.db import models
 
-from scheduler.core import gpus as core_gpus
-from scheduler.core import mig as core_mig
+from nodeagent.hardware import gpus as core_gpus
+from nodeagent.hardware import mig as core_mig
 
 
 class GpuModel(models.Model):

@@ -6,7 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
-from scheduler.core import mig as core_mig
+from nodeagent.hardware import mig as core_mig
 from scheduler.core.slots import Slots
 
 

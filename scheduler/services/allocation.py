@@ -19,7 +19,7 @@ from typing import Callable, Generic, Iterable, Protocol, TypeVar
 
 from django.db import transaction
 
-from scheduler.core import mig as core_mig
+from nodeagent.hardware import mig as core_mig
 from scheduler.core.engine import Pool, Scheduler
 from scheduler.core.model import Decision, GpuState, NodeState, PlacedInstance, Request
 from scheduler.core.pricing import DEFAULT_RULES, PriceRules

@@ -1,4 +1,4 @@
-"""Keep the GpuModel / GpuProfile tables in step with scheduler.core.gpus (the catalog's source)."""
+"""Keep the GpuModel / GpuProfile tables in step with nodeagent.hardware.gpus (the catalog's source)."""
 from __future__ import annotations
 
 
@@ -7,7 +7,7 @@ def catalog_sync(*, gpu_model_cls=None, gpu_profile_cls=None) -> int:
 
     Takes the model classes so the data migration can pass its historical models.
     """
-    from scheduler.core.gpus import GPU_MODELS
+    from nodeagent.hardware.gpus import GPU_MODELS
     from scheduler.core.perf import gpu_pu, profile_pu
 
     if gpu_model_cls is None:

@@ -8,8 +8,8 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from scheduler.core import gpus as core_gpus
-from scheduler.core import mig as core_mig
+from nodeagent.hardware import gpus as core_gpus
+from nodeagent.hardware import mig as core_mig
 from scheduler.errors import Conflict, DomainError, PermissionDenied
 from scheduler.models import AgentCommand, Gpu, GpuModel, HealthEvent, Node, Slice
 from scheduler.ports import market

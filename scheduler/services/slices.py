@@ -10,7 +10,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from scheduler.core import mig as core_mig
+from nodeagent.hardware import mig as core_mig
 from scheduler.errors import Conflict, DomainError
 from scheduler.models import AgentCommand, Gpu, Node, Slice
 from scheduler.ports import market

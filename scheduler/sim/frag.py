@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from typing import Iterable
 
-from scheduler.core import gpus as gpu_catalog
-from scheduler.core import mig
+from nodeagent.hardware import gpus as gpu_catalog
+from nodeagent.hardware import mig
 from scheduler.core.fragmentation import frag as fgd_frag
 from scheduler.core.model import GpuState, Placement
 

@@ -22,8 +22,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduler.core import gpus as gpu_catalog
-from scheduler.core import mig
+from nodeagent.hardware import gpus as gpu_catalog
+from nodeagent.hardware import mig
 
 DEFAULT_MODEL_MAP: dict[str, str] = {
     "P100": "a30-24gb",

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from scheduler.core import gpus as gpu_catalog
+from nodeagent.hardware import gpus as gpu_catalog
 from scheduler.core import perf
 from scheduler.core.model import GpuState, NodeState
 

@@ -1,7 +1,7 @@
 """Small pool builders for the scheduler core tests (plain data, no database)."""
 from __future__ import annotations
 
-from scheduler.core.gpus import GPU_MODELS
+from nodeagent.hardware.gpus import GPU_MODELS
 from scheduler.core.model import GpuState, NodeState, PlacedInstance
 
 

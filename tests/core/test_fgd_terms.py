@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scheduler.core import fragmentation as FR
-from scheduler.core import mig
+from nodeagent.hardware import mig
 from scheduler.core.engine import Pool, Scheduler
 from scheduler.core.model import Request
 from scheduler.core.weights import Weights

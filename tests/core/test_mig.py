@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.core import mig
-from scheduler.core.mig import A30_24GB, A100_40GB, A100_80GB, H100_80GB, H200_141GB, Instance
+from nodeagent.hardware import mig
+from nodeagent.hardware.mig import A30_24GB, A100_40GB, A100_80GB, H100_80GB, H200_141GB, Instance
 
 
 def legal(geometry, placed, profile, start):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.core import fragmentation as FR
-from scheduler.core import mig
+from nodeagent.hardware import mig
 from scheduler.core.engine import Pool, Scheduler
 from scheduler.core.model import Request
 from scheduler.core.weights import Weights

@@ -5,7 +5,7 @@ from decimal import Decimal as D
 
 import pytest
 
-from scheduler.core import gpus
+from nodeagent.hardware import gpus
 from scheduler.core.engine import Pool
 from scheduler.core.pricing import PriceRules, share_decimal, slice_price, unit_price
 from scheduler.core.slots import ALL_SLOTS, Slots

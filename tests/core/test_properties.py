@@ -4,10 +4,10 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.core import mig
+from nodeagent.hardware import mig
 from scheduler.core.baselines import POLICIES
 from scheduler.core.engine import Pool, Scheduler
-from scheduler.core.gpus import GPU_MODELS
+from nodeagent.hardware.gpus import GPU_MODELS
 from scheduler.core.model import CLASS_RANK, GpuState, NodeState, PlacedInstance, Request
 
 MODELS = ["a100-80gb", "h100-80gb", "a30-24gb", "l4"]

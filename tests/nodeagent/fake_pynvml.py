@@ -6,7 +6,7 @@ way pynvml does), the same constants, and struct-like results with the real fiel
 caller-allocated ctypes arrays and `ctypes.byref(count)` fill them as the C library does.
 
 The fake enforces MIG placement with its own rules table (NVIDIA MIG user guide, H100 80GB), written
-independently of `scheduler.core.mig` so the backend is checked against something that is not itself.
+independently of `nodeagent.hardware.mig` so the backend is checked against something that is not itself.
 Profile ids differ from profile indices, as on real hardware (index 2 = 3-slice has id 9).
 """
 from __future__ import annotations

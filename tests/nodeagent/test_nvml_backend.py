@@ -63,7 +63,7 @@ def test_geometry_names_fall_back_to_nvidia_smi_convention_on_old_drivers():
 
 
 def test_geometry_matches_the_catalog_for_an_h100():
-    from scheduler.core import mig
+    from nodeagent.hardware import mig
     reported = NvmlBackend(nvml=F.FakePynvml([F.FakeGpu.h100()])).inventory()["gpus"][0]["mig"]
     geometry = mig.MigGeometry.from_dict(reported)
     assert (geometry.memory_slices, geometry.compute_slices) == (8, 7)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from scheduler.core import gpus, perf
+from nodeagent.hardware import gpus, perf
 from scheduler.models import GpuModel
 
 pytestmark = pytest.mark.django_db

@@ -15,7 +15,7 @@ from scheduler.sim import mapping as m
 ])
 def test_default_mapping_puts_each_old_model_on_a_mig_model_with_at_least_its_memory(old: str, new: str) -> None:
     assert m.map_model(old, m.DEFAULT_MODEL_MAP) == new
-    from scheduler.core.gpus import model_for
+    from nodeagent.hardware.gpus import model_for
     assert model_for(new).mig is not None
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.core import mig
+from nodeagent.hardware import mig
 from scheduler.core.model import GpuState, PlacedInstance, Placement
 from scheduler.sim.frag import FragMeter, demand_mix
 from scheduler.sim.mapping import Demand

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from scheduler.core import perf
-from scheduler.core.gpus import model_for
+from nodeagent.hardware.gpus import model_for
 from scheduler.sim.mapping import DEFAULT_MODEL_MAP
 from scheduler.sim.pool import PRICE_PER_PU_HOUR, modern_pool, node_states, openb_pool, pool_summary
 from scheduler.sim.trace import TraceNode
