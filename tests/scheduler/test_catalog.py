@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from nodeagent.hardware import gpus, perf
+from nodeagent.hardware import gpus
+from scheduler.core import perf
 from scheduler.models import GpuModel
 
 pytestmark = pytest.mark.django_db
