@@ -3,8 +3,10 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# The agent's dependency wheels, for installing its wheel offline (a provider's server, tests/nodeagent/test_wheel.py).
+WHEELHOUSE := $(VENV)/wheelhouse
 
-.PHONY: demo test venv bench clean
+.PHONY: demo test venv bench clean agent-wheel
 
 $(STAMP): requirements.txt requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -12,18 +14,27 @@ $(STAMP): requirements.txt requirements-dev.txt
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $(STAMP)
 
-venv: $(STAMP)
+# Apart from $(STAMP) so that a venv made before it gets the wheels on its next `make venv` or `make test`.
+$(WHEELHOUSE)/.downloaded: $(STAMP)
+	$(PY) -m pip download --quiet --dest $(WHEELHOUSE) $$($(PY) -m nodeagent.packaging.build --pins)
+	touch $@
+
+venv: $(STAMP) $(WHEELHOUSE)/.downloaded
 
 demo: $(STAMP)
 	DJANGO_SETTINGS_MODULE=config.settings.dev $(PY) manage.py demo
 
-test: $(STAMP)
+test: $(STAMP) $(WHEELHOUSE)/.downloaded
 	$(PY) -m pytest
 
 bench: $(STAMP)
 	$(PY) bench/decision_speed.py --quick
 	$(PY) bench/placement_quality.py --quick
 	$(PY) bench/metrics_ingest.py --quick
+
+# The agent's own wheel (standard library only): dist/gpumarket_agent-<version>-py3-none-any.whl
+agent-wheel:
+	$(PYTHON) -m nodeagent.packaging.build --out dist
 
 clean:
 	rm -rf var staticfiles .pytest_cache

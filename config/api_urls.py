@@ -6,6 +6,7 @@ from marketplace.api.catalog import OfferList
 from marketplace.api.market import (BidViewSet, LeaseViewSet, OrderViewSet, ReservationViewSet,
                                     ResaleListingViewSet, SpotPriceViewSet)
 
+from marketplace.api.workloads import SshKeyViewSet, TemplateViewSet
 from marketplace.api.money import (EarningsViewSet, LedgerEntryViewSet, PaymentViewSet, ProjectViewSet,
                                    StatementViewSet, TopUpViewSet, UsageRecordViewSet, WalletViewSet)
 from scheduler.api import GpuViewSet, NodeViewSet, SliceViewSet
@@ -29,6 +30,8 @@ router.register("leases", LeaseViewSet, basename="lease")
 router.register("reservations", ReservationViewSet, basename="reservation")
 router.register("resale-listings", ResaleListingViewSet, basename="resale-listing")
 router.register("bids", BidViewSet, basename="bid")
+router.register("templates", TemplateViewSet, basename="template")
+router.register("ssh-keys", SshKeyViewSet, basename="ssh-key")
 
 urlpatterns = router.urls
 urlpatterns += [path("offers/", OfferList.as_view(), name="offer-list")]

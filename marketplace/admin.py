@@ -254,3 +254,85 @@ class ResaleListingAdmin(admin.ModelAdmin):
 class InterruptionAdmin(ReadOnlyAdmin):
     list_display = ["lease", "kind", "announced_at", "deadline", "notice_seconds", "credited", "gpu_model", "region"]
     list_filter = ["kind", "gpu_model", "region"]
+
+
+# --- Workloads: operators curate templates; buyers' workloads and containers are looked at, never edited. ------
+from django import forms  # noqa: E402
+
+from marketplace.models import PortBinding, SshKey, Template, Workload, WorkloadRun  # noqa: E402
+
+
+class TemplateForm(forms.ModelForm):
+    class Meta:
+        model = Template
+        fields = "__all__"
+
+    def clean(self):
+        """A template is checked as an order's workload would be (image, ports, environment, kind)."""
+        from marketplace.products.workloads import WorkloadSpec, workload_resolve
+
+        data = super().clean()
+        env = data.get("env") or {}
+        if not isinstance(env, dict):
+            raise forms.ValidationError({"env": "names to values, e.g. {\"JUPYTER_ENABLE_LAB\": \"yes\"}"})
+        try:
+            workload_resolve(WorkloadSpec(image=data.get("image") or "", command=data.get("command") or [],
+                                          args=data.get("args") or [], ports=data.get("ports") or [],
+                                          env=[{"name": k, "value": str(v)} for k, v in env.items()],
+                                          disk_gb=data.get("disk_gb"), kind=data.get("kind")))
+        except DomainError as exc:
+            raise forms.ValidationError({exc.field.removeprefix("workload."): exc.message}) from None
+        return data
+
+
+@admin.register(Template)
+class TemplateAdmin(admin.ModelAdmin):
+    form = TemplateForm
+    list_display = ["name", "key", "image", "kind", "jupyter", "enabled", "position"]
+    list_editable = ["enabled", "position"]
+    search_fields = ["name", "key", "image"]
+
+
+@admin.register(SshKey)
+class SshKeyAdmin(admin.ModelAdmin):
+    list_display = ["name", "user", "fingerprint", "created_at"]
+    search_fields = ["name", "fingerprint", "user__username"]
+    readonly_fields = ["user", "name", "public_key", "fingerprint", "created_at"]
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(Workload)
+class WorkloadAdmin(ReadOnlyAdmin):
+    list_display = ["order", "kind", "image", "template"]
+    list_filter = ["kind", "template"]
+    search_fields = ["image", "order__id"]
+    # the environment as it may be shown: secret values masked
+    fields = ["order", "template", "image", "command", "args", "env_shown", "ports", "disk_gb", "kind", "notice"]
+    readonly_fields = fields
+
+    @admin.display(description="env")
+    def env_shown(self, obj):
+        return obj.public_env()
+
+
+class PortBindingInline(admin.TabularInline):
+    model = PortBinding
+    extra = 0
+    fields = ["node", "host_port", "container_port", "protocol", "kind"]
+    readonly_fields = fields
+    can_delete = False
+
+    def has_add_permission(self, request, obj=None):
+        return False
+
+
+@admin.register(WorkloadRun)
+class WorkloadRunAdmin(ReadOnlyAdmin):
+    list_display = ["lease", "state", "exit_code", "started_at", "finished_at", "updated_at"]
+    list_filter = ["state"]
+    search_fields = ["lease__id", "container"]
+    readonly_fields = ["lease", "state", "container", "progress", "error", "exit_code", "started_at",
+                       "finished_at", "log_bytes", "log_tail"]
+    inlines = [PortBindingInline]

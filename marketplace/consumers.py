@@ -8,7 +8,7 @@ from channels.db import database_sync_to_async
 from scheduler import selectors as fleet_selectors
 from scheduler.gateway.base import LoopConsumer
 from scheduler.gateway.relay import RELAY
-from scheduler.services.events import buyer_group, node_group
+from scheduler.services.events import buyer_group, lease_group, node_group
 
 MAX_SUBSCRIPTIONS = 50
 
@@ -78,6 +78,9 @@ class ConsoleConsumer(LoopConsumer):
                 return
             node_id, gpu_uuid = found
             self.watched_leases[str(lease_id)] = found
+            # Its container's output goes to the sockets watching it, not to every socket of the buyer.
+            await self.channel_layer.group_add(lease_group(lease_id), self.channel_name)
+            self.groups_joined.add(lease_group(lease_id))
             if self.visible.get(node_id, set()) is not None:
                 self.visible.setdefault(node_id, set()).add(gpu_uuid)
         else:

@@ -12,7 +12,7 @@ from django.conf import settings
 from django.db import transaction
 
 from scheduler.errors import DomainError
-from scheduler.services.events import announce_buyer
+from scheduler.services.events import announce_buyer, announce_lease
 
 from .notifications import webhook_for, webhook_url_check
 
@@ -24,6 +24,11 @@ DELIVER_WEBHOOK = "market.deliver_webhook"
 def tell_buyer(user_id, event: dict) -> None:
     """Push `event` to the user's console sockets once the surrounding transaction commits."""
     transaction.on_commit(lambda: announce_buyer(user_id, event))
+
+
+def tell_lease_watchers(lease_id, event: dict) -> None:
+    """Push `event` to the console sockets watching the lease (its page) once the transaction commits."""
+    transaction.on_commit(lambda: announce_lease(lease_id, event))
 
 
 def run_task(name: str, *args) -> None:

@@ -1,6 +1,7 @@
 """Console forms: they parse and bound what people type; services check the domain rules."""
 from __future__ import annotations
 
+import shlex
 from decimal import Decimal
 
 from django import forms
@@ -8,6 +9,8 @@ from django.core.validators import MaxValueValidator
 
 from marketplace.products.catalog import SORTS
 from marketplace.products.orders import ORDER_BOUNDS, max_duration_seconds
+from marketplace.products.workloads import WORKLOAD_BOUNDS
+from nodeagent.runtime.base import NOTICE_PATH
 
 VERSION = r"^\d{1,3}(\.\d{1,3}){0,2}$"
 
@@ -19,8 +22,37 @@ class NodeRegisterForm(forms.Form):
                                             max_value=Decimal("1000"), decimal_places=4, initial=Decimal("2.00"))
 
 
+class NodeSettingsForm(forms.Form):
+    """A provider's terms for buyers' containers on a node (scheduler.services.nodes.node_settings_update)."""
+
+    public_address = forms.CharField(label="Public address", max_length=255, required=False,
+                                     help_text="Where buyers reach published ports, e.g. 203.0.113.7 (empty: the "
+                                               "node's hostname).")
+    port_range_start = forms.IntegerField(label="Host ports from", min_value=1024, max_value=65535)
+    port_range_end = forms.IntegerField(label="to", min_value=1024, max_value=65535,
+                                        help_text="Each exposed container port gets one; open them in the firewall.")
+    cpus_per_gpu = forms.DecimalField(label="CPUs per GPU", min_value=Decimal("0.1"), max_value=Decimal("1024"),
+                                      decimal_places=2, help_text="A slice's container gets its share.")
+    ram_gb_per_gpu = forms.DecimalField(label="RAM (GB) per GPU", min_value=Decimal("0.25"),
+                                        max_value=Decimal("65536"), decimal_places=2)
+    image_allowlist = forms.CharField(label="Allowed images", required=False, max_length=16000,
+                                      widget=forms.Textarea(attrs={"rows": 2,
+                                                                   "placeholder": "docker.io/library/\nghcr.io/acme/"}),
+                                      help_text="One reference prefix per line; empty: any image.")
+
+    def clean_image_allowlist(self):
+        return [line.strip() for line in self.cleaned_data["image_allowlist"].splitlines() if line.strip()]
+
+
 class ApiKeyForm(forms.Form):
     name = forms.CharField(label="Key name", max_length=80, help_text="What uses it, e.g. ci-runner.")
+
+
+class SshKeyForm(forms.Form):
+    name = forms.CharField(label="Key name", max_length=80, help_text="Which machine it is on, e.g. laptop.")
+    public_key = forms.CharField(label="Public key", max_length=16384,
+                                 widget=forms.Textarea(attrs={"rows": 2, "placeholder": "ssh-ed25519 AAAA… you@laptop"}),
+                                 help_text="The contents of ~/.ssh/id_ed25519.pub (never the private key).")
 
 
 class NotificationSettingsForm(forms.Form):
@@ -79,6 +111,13 @@ ORDER_MODES = [("on_demand", "On demand — per second, stop any time"),
                ("resale", "Resale — buy a listed window of someone's reservation")]
 
 
+class SecretTextarea(forms.Textarea):
+    """A textarea that never shows its value back (a form shown again with errors asks for the secrets again)."""
+
+    def format_value(self, value):
+        return None
+
+
 class OrderForm(forms.Form):
     """One form for the four modes; fields that a mode does not use are ignored for it."""
 
@@ -117,10 +156,38 @@ class OrderForm(forms.Form):
                                            "webhook (Account page).")
     project = forms.ChoiceField(label="Project", required=False,
                                 help_text="Its usage and charges are grouped under this project on statements.")
+    # What runs on it (products.workloads.WorkloadSpec): a template, any image, or nothing.
+    workload = forms.ChoiceField(label="Run", required=False)
+    image = forms.CharField(label="Image", max_length=300, required=False,
+                            help_text="Any image the provider allows, e.g. docker.io/library/ubuntu:24.04; with a "
+                                      "template, replaces its image.")
+    kind = forms.ChoiceField(label="Kind", required=False, initial="interactive",
+                             choices=[("interactive", "Interactive — runs for the lease"),
+                                      ("job", "Job — runs to completion; billed only while it runs")])
+    command = forms.CharField(label="Command", max_length=8000, required=False,
+                              help_text="Replaces the image's command, e.g. python train.py --epochs 3 (a job's "
+                                        "lease ends when it exits).")
+    ports = forms.CharField(label="Ports", max_length=400, required=False,
+                            help_text="Container ports to publish: 22/ssh, 8888/http, 9000/tcp, comma-separated "
+                                      "(empty: the template's).")
+    env = forms.CharField(label="Environment", required=False, max_length=64000,
+                          widget=forms.Textarea(attrs={"rows": 2, "placeholder": "NAME=value, one per line"}))
+    secret_env = forms.CharField(label="Secret environment", required=False, max_length=64000,
+                                 widget=SecretTextarea(attrs={"rows": 2, "placeholder": "HF_TOKEN=hf_…",
+                                                              "autocomplete": "off"}),
+                                 help_text="Given to the container, never shown back, logged or sent to webhooks.")
+    disk_gb = forms.IntegerField(label="Disk (GB)", min_value=WORKLOAD_BOUNDS["disk_gb"][0],
+                                 max_value=WORKLOAD_BOUNDS["disk_gb"][1], required=False,
+                                 help_text="Empty: the template's (20 GB for an image).")
+    notice = forms.ChoiceField(label="Spot notice", required=False, initial="sigterm",
+                               choices=[("sigterm", "SIGTERM at the notice"),
+                                        ("file", f"a file at {NOTICE_PATH} to watch")])
 
     def __init__(self, *args, user=None, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["gpu_model"].choices = model_choices()
+        self.fields["workload"].choices = workload_choices()
+        self.fields["workload"].initial = self.fields["workload"].choices[0][0]
         hours = self.fields["duration_hours"]
         hours.max_value = Decimal(max_duration_seconds()) / 3600
         hours.validators.append(MaxValueValidator(hours.max_value))
@@ -146,7 +213,57 @@ class OrderForm(forms.Form):
             self.add_error("max_price_per_hour", "A spot order needs a bid: the most you pay per hour.")
         if mode == "resale" and not data.get("listing") and not self.errors.get("listing"):
             self.add_error("listing", "Choose the listing to buy (see the Resale page).")
+        if data.get("workload") == "image" and not (data.get("image") or "").strip() and not self.errors.get("image"):
+            self.add_error("image", "Which image? e.g. docker.io/library/ubuntu:24.04")
+        for name in ("env", "secret_env"):
+            try:
+                data[f"{name}_pairs"] = env_pairs(data.get(name) or "")
+            except ValueError as exc:
+                self.add_error(name, str(exc))
+        try:
+            data["port_list"] = port_list(data.get("ports") or "")
+        except ValueError as exc:
+            self.add_error("ports", str(exc))
+        try:
+            data["command_args"] = shlex.split(data.get("command") or "")
+        except ValueError:
+            self.add_error("command", "A quote is not closed.")
         return data
+
+
+def workload_choices() -> list[tuple[str, str]]:
+    from marketplace.products.workloads import template_list
+
+    return ([(t.key, t.name) for t in template_list()] + [("image", "An image of my choice"),
+                                                           ("none", "Nothing: the slice only (for my own agent)")])
+
+
+def env_pairs(text: str) -> list[tuple[str, str]]:
+    """NAME=value lines (blank lines and # comments skipped) as pairs; ValueError naming a bad line."""
+    pairs = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        name, sep, value = line.partition("=")
+        if not sep or not name.strip():
+            raise ValueError(f"Line {n} is not NAME=value.")
+        pairs.append((name.strip(), value))
+    return pairs
+
+
+def port_list(text: str) -> list[dict]:
+    """"22/ssh, 8888/http, 9000/udp" as ports ({port, protocol, kind}); ValueError naming a bad one."""
+    ports = []
+    for item in filter(None, (x.strip() for x in text.replace(" ", ",").split(","))):
+        number, _, how = item.partition("/")
+        if not number.isdigit():
+            raise ValueError(f"{item!r} is not PORT/ssh, PORT/http, PORT/tcp or PORT/udp.")
+        how = how or "tcp"
+        if how not in ("ssh", "http", "tcp", "udp"):
+            raise ValueError(f"{item!r}: after the slash, ssh, http, tcp or udp.")
+        ports.append({"port": int(number), "protocol": "udp" if how == "udp" else "tcp",
+                      "kind": how if how in ("ssh", "http") else "tcp"})
+    return ports
 
 
 class ListForResaleForm(forms.Form):

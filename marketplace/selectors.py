@@ -7,18 +7,19 @@ from datetime import datetime
 from django.db.models import Prefetch, QuerySet
 from django.utils import timezone
 
-from marketplace.models import Lease, Order, Reservation, ResaleListing, SpotBid, SpotPrice
+from marketplace.models import Lease, Order, ResaleListing, Reservation, SpotBid, SpotPrice
 
 
 def order_list(*, user) -> QuerySet[Order]:
-    return Order.objects.filter(buyer=user).prefetch_related(
+    return Order.objects.filter(buyer=user).select_related("workload__template").prefetch_related(
         Prefetch("leases", queryset=Lease.objects.only("id", "order_id")),
         Prefetch("reservations", queryset=Reservation.objects.only("id", "order_id")))
 
 
 def lease_list(*, user) -> QuerySet[Lease]:
     return (Lease.objects.filter(buyer=user)
-            .select_related("slice__gpu__node", "slice__gpu__gpu_model", "interruption"))
+            .select_related("slice__gpu__node", "slice__gpu__gpu_model", "interruption", "run", "order__workload")
+            .prefetch_related("run__ports"))
 
 
 def reservation_list(*, user) -> QuerySet[Reservation]:
@@ -27,7 +28,7 @@ def reservation_list(*, user) -> QuerySet[Reservation]:
 
 
 def bid_list(*, user) -> QuerySet[SpotBid]:
-    return SpotBid.objects.filter(buyer=user).select_related("order").prefetch_related(
+    return SpotBid.objects.filter(buyer=user).select_related("order__workload__template").prefetch_related(
         Prefetch("order__leases", queryset=Lease.objects.only("id", "order_id")),
         Prefetch("order__reservations", queryset=Reservation.objects.only("id", "order_id")))
 

@@ -16,6 +16,8 @@ urlpatterns = [
     path("leases/<uuid:lease_id>/", views.lease_detail, name="lease"),
     path("leases/<uuid:lease_id>/facts/", views.lease_facts, name="lease-facts"),
     path("leases/<uuid:lease_id>/end/", views.lease_end, name="lease-end"),
+    path("leases/<uuid:lease_id>/logs/", views.lease_logs, name="lease-logs"),
+    path("jobs/", views.jobs, name="jobs"),
     path("reservations/", views.reservations, name="reservations"),
     path("reservations/<uuid:reservation_id>/list/", views.list_for_resale, name="list-for-resale"),
     path("resale/", views.resale_market, name="resale"),
@@ -32,11 +34,14 @@ urlpatterns = [
     path("nodes/<uuid:node_id>/gpus/", views.node_gpus_fragment, name="node-gpus"),
     path("nodes/<uuid:node_id>/gpus/<int:gpu_id>/health/", views.gpu_health, name="gpu-health"),
     path("nodes/<uuid:node_id>/drain/", views.node_drain, name="node-drain"),
+    path("nodes/<uuid:node_id>/settings/", views.node_settings, name="node-settings"),
     # account
     path("account/", views.account, name="account"),
     path("account/notifications/", views.notifications_save, name="notifications"),
     path("account/keys/", views.api_key_create, name="api-key-create"),
     path("account/keys/<uuid:key_id>/revoke/", views.api_key_revoke, name="api-key-revoke"),
+    path("account/ssh-keys/", views.ssh_key_add, name="ssh-key-add"),
+    path("account/ssh-keys/<int:key_id>/delete/", views.ssh_key_delete, name="ssh-key-delete"),
     path("account/projects/", views.project_create, name="project-create"),
     path("account/projects/<int:project_id>/delete/", views.project_delete, name="project-delete"),
 ]

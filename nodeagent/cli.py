@@ -12,6 +12,7 @@ from urllib.parse import urlparse
 
 from . import __version__
 from .backends.base import Backend
+from .runtime.base import NoRuntime, Runtime
 
 EXIT_NO_NVML = 2  # same as argparse's usage errors: the command cannot run as given here
 
@@ -82,6 +83,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--busy-on-create", type=_share, default=0.0, metavar="SHARE",
                         help="simulated backend: new instances run a workload at about this load (0..1; "
                              "default 0, idle until a set_busy command)")
+    parser.add_argument("--runtime", choices=["docker", "simulated", "none"],
+                        help="what runs leases' containers: a Docker Engine API (Docker, or Podman's `podman system "
+                             "service`), a simulated one, or none (default: simulated with --simulate, else docker)")
+    parser.add_argument("--engine-url", default=None,
+                        help="the engine's API (default: $DOCKER_HOST, else unix:///var/run/docker.sock)")
+    parser.add_argument("--gpu-devices", choices=["cdi", "request", "none"], default=None,
+                        help="how a container gets its GPU through the NVIDIA Container Toolkit: a CDI device "
+                             "nvidia.com/gpu=<uuid> (default), a device request for the UUID, or none (default "
+                             "with --simulate)")
+    parser.add_argument("--bind-address", default="0.0.0.0",
+                        help="address containers' ports are published on (default all)")
+    parser.add_argument("--disk-limits", choices=["auto", "on", "off"], default="auto",
+                        help="limit container disk where the storage driver supports it (auto: try, else run "
+                             "without)")
     parser.add_argument("--log-level", default="INFO", type=str.upper,
                         choices=["DEBUG", "INFO", "WARNING", "ERROR"], help="default INFO")
     parser.add_argument("--version", action="version", version=f"nodeagent {__version__}")
@@ -98,6 +113,20 @@ def make_backend(args: argparse.Namespace) -> Backend:
     return NvmlBackend(hostname=args.hostname)
 
 
+def make_runtime(args: argparse.Namespace) -> Runtime:
+    """The runtime asked for (or the default for the backend); raises EngineUnavailable for a silent engine."""
+    kind = args.runtime or ("simulated" if args.simulate else "docker")
+    if kind == "none":
+        return NoRuntime()
+    if kind == "simulated":
+        from .runtime.simulated import SimulatedRuntime
+        return SimulatedRuntime(seed=args.seed)
+    from .runtime.docker import DockerRuntime
+    url = args.engine_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    devices = args.gpu_devices or ("none" if args.simulate else "cdi")
+    return DockerRuntime(url, gpu_devices=devices, bind_address=args.bind_address, disk_limits=args.disk_limits)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -108,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--seed only applies with --simulate")
     if args.busy_on_create and not args.simulate:
         parser.error("--busy-on-create only applies with --simulate")
+    if args.runtime == "simulated" and not args.simulate:
+        parser.error("--runtime simulated only applies with --simulate (real GPUs run real containers)")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from .backends.nvml import NvmlUnavailable
@@ -118,14 +149,26 @@ def main(argv: list[str] | None = None) -> int:
               f"--simulate MODEL:COUNT", file=sys.stderr)
         return EXIT_NO_NVML
     try:
-        return asyncio.run(_serve(backend, server=args.server, token=token.strip(), interval=args.interval))
+        from .runtime.docker import EngineUnavailable
+        try:
+            runtime = make_runtime(args)
+        except EngineUnavailable as exc:
+            print(f"{exc}: start the engine (e.g. `podman system service --time=0 unix:///run/podman.sock`), "
+                  f"point --engine-url at it, or run without containers: --runtime none", file=sys.stderr)
+            return EXIT_NO_NVML
+        log.info("containers run on %s", getattr(runtime, "engine", runtime.name))
+        try:
+            return asyncio.run(_serve(backend, runtime, server=args.server, token=token.strip(),
+                                      interval=args.interval))
+        finally:
+            runtime.close()
     finally:
         backend.close()
 
 
-async def _serve(backend: Backend, *, server: str, token: str, interval: float) -> int:
+async def _serve(backend: Backend, runtime: Runtime, *, server: str, token: str, interval: float) -> int:
     from .client import Agent
-    agent = Agent(backend, server=server, token=token, interval=interval)
+    agent = Agent(backend, server=server, token=token, interval=interval, runtime=runtime)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:

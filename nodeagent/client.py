@@ -12,6 +12,7 @@ import asyncio
 import logging
 import math
 import time
+from collections import deque
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -22,6 +23,7 @@ from .backends.base import Backend
 from .backoff import Backoff
 from .commands import CommandLog
 from .protocol import CLOSE_FORBIDDEN, CLOSE_REPLACED, CLOSE_UNAUTHORISED
+from .runtime.base import NoRuntime, Runtime
 
 log = logging.getLogger(__name__)
 
@@ -43,26 +45,53 @@ def _close_code(exc: ConnectionClosed) -> int | None:
     return exc.rcvd.code if exc.rcvd is not None else None
 
 
+OUTBOX_MAX = 4000  # frames kept while disconnected; log chunks go first when it is full
+
+
 class Agent:
     def __init__(self, backend: Backend, *, server: str, token: str, interval: float = 1.0,
-                 backoff: Backoff | None = None, welcome_timeout: float = 15.0):
+                 backoff: Backoff | None = None, welcome_timeout: float = 15.0, runtime: Runtime | None = None):
         self.backend = backend
         self.server = server
         self.token = token
         self.interval = interval
         self.backoff = backoff or Backoff()
         self.welcome_timeout = welcome_timeout
-        self.commands = CommandLog(backend)
+        self.runtime = runtime or NoRuntime()
+        self.commands = CommandLog(backend, runtime=self.runtime)
         self.node_id: str | None = None
         self.sessions = 0  # successful handshakes (tests watch reconnects with it)
         self.metrics_sent = 0
         self._stop = asyncio.Event()
+        # What the runtime reports (container states, log chunks), from its threads, until it can be sent.
+        self._outbox: deque[dict] = deque()
+        self._outbox_ready = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def _report(self, frame: dict) -> None:
+        """Thread-safe: the runtime's threads hand frames to the event loop."""
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self._enqueue, frame)
+
+    def _enqueue(self, frame: dict) -> None:
+        if len(self._outbox) >= OUTBOX_MAX:
+            # Full while disconnected: drop the oldest log chunk (a container's states are never dropped).
+            for i, queued in enumerate(self._outbox):
+                if queued["type"] == "logs":
+                    del self._outbox[i]
+                    break
+            else:
+                self._outbox.popleft()
+        self._outbox.append(frame)
+        self._outbox_ready.set()
 
     def stop(self) -> None:
         self._stop.set()
 
     async def run(self) -> int:
         """Connect and serve until stopped (exit 0) or rejected by the server (EXIT_REJECTED)."""
+        self._loop = asyncio.get_running_loop()
         while not self._stop.is_set():
             try:
                 await self._until_stopped(self._connect_once())
@@ -130,7 +159,11 @@ class Agent:
 
     async def _session(self, ws: ClientConnection) -> None:
         facts = await asyncio.to_thread(self.backend.inventory)
-        await ws.send(protocol.encode(protocol.hello(agent_version=__version__, **facts)))
+        self.runtime.bind(self._report, node=facts["hostname"])  # its containers are labelled with the host
+        # The containers of leases found here: the server adopts those of open leases and removes the others.
+        workloads = await asyncio.to_thread(self.runtime.found)
+        await ws.send(protocol.encode(protocol.hello(agent_version=__version__, runtime=self.runtime.name,
+                                                     workloads=workloads, **facts)))
         welcome = await asyncio.wait_for(self._welcome(ws), self.welcome_timeout)
         interval = welcome.get("metrics_interval")
         if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not (
@@ -143,12 +176,13 @@ class Agent:
                  len(facts["gpus"]), interval)
         metrics = asyncio.create_task(self._metrics_loop(ws, float(interval)))
         receiver = asyncio.create_task(self._receive_loop(ws))
+        sender = asyncio.create_task(self._outbox_loop(ws))
         try:
-            done, _ = await asyncio.wait({metrics, receiver}, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait({metrics, receiver, sender}, return_when=asyncio.FIRST_COMPLETED)
         finally:
-            for task in (metrics, receiver):
+            for task in (metrics, receiver, sender):
                 task.cancel()
-            await asyncio.gather(metrics, receiver, return_exceptions=True)
+            await asyncio.gather(metrics, receiver, sender, return_exceptions=True)
         for task in done:
             task.result()
 
@@ -194,6 +228,16 @@ class Agent:
             if next_at <= now:
                 next_at += math.ceil((now - next_at) / interval) * interval
             await asyncio.sleep(next_at - now)
+
+    async def _outbox_loop(self, ws: ClientConnection) -> None:
+        """Send what the runtime reported, in order; a frame the connection could not take is kept for the next."""
+        while True:
+            await self._outbox_ready.wait()
+            while self._outbox:
+                frame = self._outbox[0]
+                await ws.send(protocol.encode(frame))
+                self._outbox.popleft()
+            self._outbox_ready.clear()
 
     async def _receive_loop(self, ws: ClientConnection) -> None:
         replies: set[asyncio.Task] = set()

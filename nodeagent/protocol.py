@@ -4,8 +4,11 @@ Every frame is one JSON object with `v` (protocol version) and `type`. `docs/age
 the exchange; this module holds the schemas and validates frames so both sides refuse the same things.
 Pure Python: imported by the agent (no Django) and by the server.
 
-agent -> server: hello, metrics, result, event
+agent -> server: hello, metrics, result, event, workload, logs
 server -> agent: welcome, command, error
+
+A frame type or a command this side does not know is refused with a clear error (an older agent answers a
+newer server's command with `not_supported`; a server refuses an agent frame it does not know with `bad_frame`).
 """
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from typing import Any
 
 VERSION = 1
 
-AGENT_TYPES = frozenset({"hello", "metrics", "result", "event"})
+AGENT_TYPES = frozenset({"hello", "metrics", "result", "event", "workload", "logs"})
 SERVER_TYPES = frozenset({"welcome", "command", "error"})
 
 # Commands the server may send; each with its required argument names.
@@ -30,8 +33,20 @@ COMMANDS: dict[str, tuple[str, ...]] = {
     "set_busy": ("gpu_uuid", "instance_uuid", "busy"),  # simulated load on an instance (demo, tests)
     "notice": ("kind", "deadline", "instance_uuid"),  # e.g. spot interruption notice, forwarded to the host
     "inject_fault": ("gpu_uuid", "fault"),  # simulated backend only: overheat | power | ecc | xid | clear
+    "start_workload": ("lease", "spec"),  # run a lease's container on its slice (spec: validate_workload_spec)
+    "stop_workload": ("lease", "grace_seconds"),  # SIGTERM, the grace, then kill; the container and its volumes go
     "ping": (),
 }
+
+# Workloads (the containers of leases)
+WORKLOAD_STATES = ("pulling", "starting", "running", "exited", "failed", "removed")
+WORKLOAD_KINDS = ("interactive", "job")
+NOTICE_MODES = ("sigterm", "file")  # how a spot interruption notice reaches a container
+MAX_LOG_CHUNK_BYTES = 16 * 1024
+MAX_IMAGE_CHARS = 300
+MAX_ENV = 128
+MAX_PORTS = 16
+MAX_SSH_KEYS = 16
 
 # Error codes carried by `error` frames and failed `result`s.
 E_BAD_FRAME = "bad_frame"
@@ -100,9 +115,16 @@ def decode(text: str | bytes) -> dict:
 # --- builders ---------------------------------------------------------------------------------------
 
 def hello(*, hostname: str, agent_version: str, backend: str, driver_version: str, cuda_version: str,
-          gpus: list[dict]) -> dict:
-    return {"v": VERSION, "type": "hello", "hostname": hostname, "agent_version": agent_version,
-            "backend": backend, "driver_version": driver_version, "cuda_version": cuda_version, "gpus": gpus}
+          gpus: list[dict], runtime: str | None = None, workloads: list[dict] | None = None) -> dict:
+    """`runtime`: what runs containers here (none, simulated, docker); `workloads`: the containers of leases
+    the agent found at start ({lease, container, state}), for the server to adopt or remove."""
+    frame = {"v": VERSION, "type": "hello", "hostname": hostname, "agent_version": agent_version,
+             "backend": backend, "driver_version": driver_version, "cuda_version": cuda_version, "gpus": gpus}
+    if runtime is not None:
+        frame["runtime"] = runtime
+    if workloads is not None:
+        frame["workloads"] = workloads
+    return frame
 
 
 def welcome(*, node_id: str, metrics_interval: float, heartbeat_timeout: float) -> dict:
@@ -128,6 +150,19 @@ def result_error(*, id: str, code: str, message: str) -> dict:
 
 def event(*, kind: str, gpu_uuid: str | None = None, detail: dict | None = None) -> dict:
     return {"v": VERSION, "type": "event", "kind": kind, "gpu_uuid": gpu_uuid, "detail": detail or {}}
+
+
+def workload(*, lease: str, state: str, at: float, container: str | None = None, exit_code: int | None = None,
+             reason: str = "", progress: str = "") -> dict:
+    """A container's state changed (pulling with progress, starting, running, exited with its code, failed with
+    the engine's reason, removed)."""
+    return {"v": VERSION, "type": "workload", "lease": lease, "state": state, "at": at, "container": container,
+            "exit_code": exit_code, "reason": reason, "progress": progress}
+
+
+def logs(*, lease: str, data: str) -> dict:
+    """A chunk of a container's output (stdout and stderr as the engine interleaves them)."""
+    return {"v": VERSION, "type": "logs", "lease": lease, "data": data}
 
 
 def error(*, code: str, message: str, ref: str | None = None) -> dict:
@@ -220,6 +255,19 @@ def validate_hello(frame: dict) -> dict:
             _str(inst, "uuid", iw, max_chars=MAX_UUID_CHARS)
             _str(inst, "profile", iw, max_chars=MAX_PROFILE_CHARS)
             _num(inst, "start", iw, lo=0, hi=64)
+    if frame.get("runtime") is not None:
+        _str(frame, "runtime", w, max_chars=40)
+    workloads = frame.get("workloads") or []
+    if not isinstance(workloads, list) or len(workloads) > 4 * MAX_GPUS_PER_NODE * 8:
+        raise ProtocolError("hello: workloads is a list")
+    for j, found in enumerate(workloads):
+        ww = f"hello.workloads[{j}]"
+        if not isinstance(found, dict):
+            raise ProtocolError(f"{ww}: must be an object")
+        _lease(found, ww)
+        _str(found, "container", ww, max_chars=128)
+        if _req(found, "state", str, ww) not in WORKLOAD_STATES:
+            raise ProtocolError(f"{ww}: state is one of {', '.join(WORKLOAD_STATES)}")
     return frame
 
 
@@ -315,6 +363,10 @@ def validate_command(frame: dict) -> dict:
     for key in COMMANDS[op]:
         if key not in args:
             raise ProtocolError(f"command {op}: missing argument {key!r}")
+    if op == "start_workload":
+        validate_workload_spec(args["spec"])
+    if op == "stop_workload":
+        _num(args, "grace_seconds", "stop_workload", lo=0, hi=3600)
     return frame
 
 
@@ -327,8 +379,93 @@ def validate_event(frame: dict) -> dict:
     return frame
 
 
+def _lease(frame: dict, where: str) -> str:
+    lease = _str(frame, "lease", where, max_chars=64)
+    if not lease:
+        raise ProtocolError(f"{where}: empty lease")
+    return lease
+
+
+def validate_workload(frame: dict) -> dict:
+    w = "workload"
+    _lease(frame, w)
+    if _req(frame, "state", str, w) not in WORKLOAD_STATES:
+        raise ProtocolError(f"workload: state is one of {', '.join(WORKLOAD_STATES)}")
+    _num(frame, "at", w, lo=0)
+    if frame.get("container") is not None:
+        _str(frame, "container", w, max_chars=128)
+    if frame.get("exit_code") is not None:
+        code = frame["exit_code"]
+        if isinstance(code, bool) or not isinstance(code, int) or not -(2**31) <= code < 2**31:
+            raise ProtocolError("workload: exit_code must be an integer")
+    for key in ("reason", "progress"):
+        if frame.get(key) is not None:
+            _str(frame, key, w, max_chars=2000)
+    return frame
+
+
+def validate_logs(frame: dict) -> dict:
+    _lease(frame, "logs")
+    data = _req(frame, "data", str, "logs")
+    if len(data.encode("utf-8", errors="replace")) > MAX_LOG_CHUNK_BYTES:
+        raise ProtocolError(f"logs: a chunk is at most {MAX_LOG_CHUNK_BYTES} bytes")
+    return frame
+
+
+def _str_list(d: dict, key: str, where: str, *, max_items: int, max_chars: int) -> list[str]:
+    val = d.get(key) or []
+    if not isinstance(val, list) or len(val) > max_items or not all(
+            isinstance(x, str) and len(x) <= max_chars for x in val):
+        raise ProtocolError(f"{where}: {key!r} is a list of at most {max_items} strings of {max_chars} characters")
+    return val
+
+
+def validate_workload_spec(spec: Any) -> dict:
+    """The `spec` of a start_workload command: what to run, where, with what limits and access."""
+    w = "start_workload.spec"
+    if not isinstance(spec, dict):
+        raise ProtocolError(f"{w}: must be an object")
+    image = _str(spec, "image", w, max_chars=MAX_IMAGE_CHARS)
+    if not image.strip() or any(c.isspace() for c in image):
+        raise ProtocolError(f"{w}: image is an image reference without spaces")
+    _str_list(spec, "command", w, max_items=64, max_chars=4096)
+    _str_list(spec, "args", w, max_items=256, max_chars=4096)
+    env = spec.get("env") or {}
+    if not isinstance(env, dict) or len(env) > MAX_ENV or not all(
+            isinstance(k, str) and isinstance(v, str) and 0 < len(k) <= 128 and len(v) <= 32768
+            for k, v in env.items()):
+        raise ProtocolError(f"{w}: env maps at most {MAX_ENV} names to string values")
+    _str_list(spec, "secret_names", w, max_items=MAX_ENV, max_chars=128)  # env values never to print
+    ports = spec.get("ports") or []
+    if not isinstance(ports, list) or len(ports) > MAX_PORTS:
+        raise ProtocolError(f"{w}: ports is a list of at most {MAX_PORTS}")
+    for i, port in enumerate(ports):
+        pw = f"{w}.ports[{i}]"
+        if not isinstance(port, dict):
+            raise ProtocolError(f"{pw}: must be an object")
+        _num(port, "container_port", pw, lo=1, hi=65535)
+        _num(port, "host_port", pw, lo=1, hi=65535)
+        if port.get("protocol", "tcp") not in ("tcp", "udp"):
+            raise ProtocolError(f"{pw}: protocol is tcp or udp")
+    limits = _req(spec, "limits", dict, w)
+    _num(limits, "cpus", f"{w}.limits", lo=0.01, hi=1024)
+    _num(limits, "memory_mb", f"{w}.limits", lo=16, hi=2**31)
+    _num(limits, "disk_gb", f"{w}.limits", lo=0, hi=1_000_000, optional=True)
+    device = _req(spec, "device", dict, w)
+    _str(device, "gpu_uuid", f"{w}.device", max_chars=MAX_UUID_CHARS)
+    _str(device, "instance_uuid", f"{w}.device", max_chars=MAX_UUID_CHARS)
+    _str_list(spec, "ssh_keys", w, max_items=MAX_SSH_KEYS, max_chars=16384)
+    if spec.get("notice", "sigterm") not in NOTICE_MODES:
+        raise ProtocolError(f"{w}: notice is one of {', '.join(NOTICE_MODES)}")
+    if spec.get("kind", "interactive") not in WORKLOAD_KINDS:
+        raise ProtocolError(f"{w}: kind is one of {', '.join(WORKLOAD_KINDS)}")
+    _num(spec, "max_seconds", w, lo=1, optional=True)
+    return spec
+
+
 VALIDATORS = {"hello": validate_hello, "metrics": validate_metrics, "result": validate_result,
-              "event": validate_event, "command": validate_command}
+              "event": validate_event, "command": validate_command, "workload": validate_workload,
+              "logs": validate_logs}
 
 
 def validate(frame: dict) -> dict:

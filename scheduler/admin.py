@@ -2,9 +2,9 @@ from django.contrib import admin, messages
 
 from scheduler.errors import DomainError
 
-from scheduler.models import AgentCommand, Gpu, GpuMetricLatest, GpuMetricRollup, GpuModel, GpuProfile, HealthEvent, Node, Slice
-from scheduler.services import health as health_services
-from scheduler.services import nodes as node_services
+from scheduler.models import (AgentCommand, Gpu, GpuMetricLatest, GpuMetricRollup, GpuModel, GpuProfile, HealthEvent,
+                              Node, Slice)
+from scheduler.services import health as health_services, nodes as node_services
 
 
 class GpuProfileInline(admin.TabularInline):
@@ -116,7 +116,13 @@ class AgentCommandAdmin(admin.ModelAdmin):
     list_filter = ["state", "op"]
     search_fields = ["id", "node__name"]
     list_select_related = ["node"]
-    readonly_fields = [f.name for f in AgentCommand._meta.fields]
+    # args as shown: a workload's secret environment values masked
+    readonly_fields = [f.name if f.name != "args" else "args_shown" for f in AgentCommand._meta.fields]
+    exclude = ["args"]
+
+    @admin.display(description="args")
+    def args_shown(self, obj):
+        return obj.args_shown()
 
 
 @admin.register(HealthEvent)

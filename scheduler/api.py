@@ -1,15 +1,16 @@
 """REST API of the fleet: nodes (register, token shown once), GPUs (cordon/uncordon), slices."""
 from __future__ import annotations
 
+from django.db import transaction
+from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from scheduler import selectors
 from scheduler.models import Gpu, Node, Slice
-from scheduler.services import health as health_services
-from scheduler.services import nodes as node_services
-from scheduler.services import slices as slice_services
+from scheduler.services import health as health_services, nodes as node_services, slices as slice_services
+from scheduler.services.nodes import NODE_SETTINGS_BOUNDS
 
 
 class NodeSerializer(serializers.ModelSerializer):
@@ -19,9 +20,28 @@ class NodeSerializer(serializers.ModelSerializer):
     class Meta:
         model = Node
         fields = ["id", "name", "region", "status", "hostname", "driver_version", "cuda_version", "agent_version",
-                  "backend", "price_per_gpu_hour", "reliability", "last_heartbeat", "token_prefix", "gpu_count",
-                  "cordoned_count", "created_at"]
+                  "backend", "runtime", "price_per_gpu_hour", "reliability", "last_heartbeat", "token_prefix",
+                  "gpu_count", "cordoned_count", "public_address", "port_range_start", "port_range_end",
+                  "cpus_per_gpu", "ram_gb_per_gpu", "image_allowlist", "created_at"]
         read_only_fields = fields
+
+
+class NodeSettingsSerializer(serializers.Serializer):
+    """A provider's terms for buyers' containers on a node (PATCH /nodes/{id}/); every field optional."""
+
+    public_address = serializers.CharField(max_length=255, required=False, allow_blank=True,
+                                           help_text="where buyers reach published ports (empty: the hostname)")
+    port_range_start = serializers.IntegerField(min_value=1024, max_value=65535, required=False)
+    port_range_end = serializers.IntegerField(min_value=1024, max_value=65535, required=False)
+    cpus_per_gpu = serializers.DecimalField(max_digits=6, decimal_places=2, required=False,
+                                            min_value=NODE_SETTINGS_BOUNDS["cpus_per_gpu"][0],
+                                            max_value=NODE_SETTINGS_BOUNDS["cpus_per_gpu"][1])
+    ram_gb_per_gpu = serializers.DecimalField(max_digits=8, decimal_places=2, required=False,
+                                              min_value=NODE_SETTINGS_BOUNDS["ram_gb_per_gpu"][0],
+                                              max_value=NODE_SETTINGS_BOUNDS["ram_gb_per_gpu"][1])
+    image_allowlist = serializers.ListField(child=serializers.CharField(max_length=300), required=False,
+                                            max_length=NODE_SETTINGS_BOUNDS["image_allowlist"],
+                                            help_text="image reference prefixes buyers may run (empty: any)")
 
 
 class NodeRegisterSerializer(serializers.Serializer):
@@ -79,7 +99,8 @@ class SliceCreateSerializer(serializers.Serializer):
 
 
 class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """A provider's nodes. POST registers one and returns its agent token once."""
+    """A provider's nodes. POST registers one and returns its agent token once; PATCH sets its terms for
+    buyers' containers (public address, host port range, CPUs and RAM per GPU, allowed images)."""
 
     serializer_class = NodeSerializer
 
@@ -98,6 +119,15 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
         body["token"] = token
         body["agent_command"] = agent_command_line(request, token)
         return Response(body, status=status.HTTP_201_CREATED)
+
+    @extend_schema(request=NodeSettingsSerializer, responses=NodeSerializer)
+    def partial_update(self, request, pk=None):
+        node = self.get_object()
+        data = NodeSettingsSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        with transaction.atomic():
+            node_services.node_settings_update(node=node, **data.validated_data)
+        return Response(NodeSerializer(selectors.node_get(user=request.user, node_id=node.pk)).data)
 
     @action(detail=True, methods=["post"])
     def drain(self, request, pk=None):

@@ -32,6 +32,18 @@ class MarketPort(Protocol):
     def slice_holder(self, *, sl: "Slice") -> str | None:
         """Asked before a provider destroys a slice by hand: a sentence naming who holds it, or None."""
 
+    def workload_state(self, *, node_id, frame: dict) -> None:
+        """The agent reports a container's state (protocol `workload` frame)."""
+
+    def workload_output(self, *, node_id, frame: dict) -> None:
+        """The agent sends a chunk of a container's output (protocol `logs` frame)."""
+
+    def workloads_found(self, *, node_id, found: list[dict]) -> None:
+        """The agent said hello with the containers of leases it found running or exited."""
+
+    def command_finished(self, *, command) -> None:
+        """A command that is not about a slice (a workload's start or stop) was answered or timed out."""
+
 
 class _NoMarket:
     def slice_ready(self, *, sl, at): return None
@@ -39,6 +51,10 @@ class _NoMarket:
     def slice_destroyed(self, *, sl, at): return None
     def node_offline(self, *, node_id, at): return None
     def slice_holder(self, *, sl): return None
+    def workload_state(self, *, node_id, frame): return None
+    def workload_output(self, *, node_id, frame): return None
+    def workloads_found(self, *, node_id, found): return None
+    def command_finished(self, *, command): return None
 
 
 _market: MarketPort = _NoMarket()

@@ -15,7 +15,11 @@ PURE_PACKAGES = ["scheduler.core", "scheduler.sim", "nodeagent"]
 
 def _modules(package: str) -> list[str]:
     path = ROOT / package.replace(".", "/")
-    return [package] + [f"{package}.{m.name}" for m in pkgutil.walk_packages([str(path)]) if m.name != "__main__"]
+    # The prefix lets walk_packages import subpackages by their full name to recurse into them (without it, it
+    # tries `backends`, fails quietly and skips their modules; a subpackage named like an installed
+    # distribution, `packaging`, would walk that distribution instead).
+    return [package] + [m.name for m in pkgutil.walk_packages([str(path)], prefix=f"{package}.")
+                        if not m.name.endswith(".__main__")]
 
 
 # The agent installs alone on a provider's server (its own wheel): not even the scheduler's pure core.

@@ -149,6 +149,12 @@ FLEET = {
     "AGENT_METRICS_BURST": env_int("FLEET_AGENT_METRICS_BURST", 10, minimum=1, maximum=10**6),
     "AGENT_EVENT_RATE": env_float("FLEET_AGENT_EVENT_RATE", 1.0, minimum=0.01, maximum=1e6),
     "AGENT_EVENT_BURST": env_int("FLEET_AGENT_EVENT_BURST", 20, minimum=1, maximum=10**6),
+    # Containers' state changes from one agent (a few per lease; a node starting 56 slices at once sends ~170).
+    "AGENT_WORKLOAD_RATE": env_float("FLEET_AGENT_WORKLOAD_RATE", 20.0, minimum=0.01, maximum=1e6),
+    "AGENT_WORKLOAD_BURST": env_int("FLEET_AGENT_WORKLOAD_BURST", 400, minimum=1, maximum=10**6),
+    # Containers' output from one agent (log chunks of up to 16 KiB, each container's flushed every 0.5 s).
+    "AGENT_LOGS_RATE": env_float("FLEET_AGENT_LOGS_RATE", 50.0, minimum=0.01, maximum=1e6),
+    "AGENT_LOGS_BURST": env_int("FLEET_AGENT_LOGS_BURST", 200, minimum=1, maximum=10**6),
     "AGENT_EVENT_DETAIL_MAX_BYTES": env_int("FLEET_AGENT_EVENT_DETAIL_MAX_BYTES", 4096, minimum=64,
                                             maximum=1 << 20),
     "AGENT_MAX_DROPPED": env_int("FLEET_AGENT_MAX_DROPPED", 30, minimum=1),
@@ -225,6 +231,11 @@ MARKET = {
     # Read paths (catalog, order preview) reuse one pool snapshot this long, refreshed in the background; claims
     # re-check under locks. A refresh costs about 0.1 s of CPU per 1,000 GPUs (bench/catalog_scale.py).
     "SNAPSHOT_TTL_SECONDS": env_float("MARKET_SNAPSHOT_TTL_SECONDS", 10.0, minimum=0, maximum=300),
+    # Workloads: how long a container gets between SIGTERM and the kill when its lease ends, and how much of
+    # its output is kept on the lease (the console's log tail and download).
+    "WORKLOAD_STOP_GRACE_SECONDS": env_float("MARKET_WORKLOAD_STOP_GRACE_SECONDS", 10.0, minimum=0, maximum=600),
+    "WORKLOAD_LOG_TAIL_BYTES": env_int("MARKET_WORKLOAD_LOG_TAIL_BYTES", 64 * 1024, minimum=1024,
+                                       maximum=16 * 1024 * 1024),
     # How often the ledger is reconciled in production (balances against entries; admin + log on a miss).
     "LEDGER_CHECK_SECONDS": env_float("MARKET_LEDGER_CHECK_SECONDS", 3600.0, minimum=10),
 }

@@ -4,18 +4,20 @@ someone else's id is a 404. Writes take JSON only (anything else is a 415)."""
 from __future__ import annotations
 
 from django.utils import timezone
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 
 from marketplace.api.json_only import JsonWrites
-from marketplace.models import Lease, Mode, Order, Reservation, ResaleListing, SpotBid, SpotPrice
+from marketplace.api.workloads import (LOGS_SCHEMA, WorkloadCreateSerializer, WorkloadRunSerializer,
+                                       WorkloadSerializer, logs_response, spec_of, workload_run_data)
 from marketplace import metering, selectors
 from marketplace.amounts import micro
 from marketplace.lifecycle import leases as lease_services
-from marketplace.products import orders as order_services
-from marketplace.products import resale as resale_services
+from marketplace.models import Lease, Mode, Order, ResaleListing, Reservation, SpotBid, SpotPrice
+from marketplace.products import orders as order_services, resale as resale_services
 from marketplace.products.orders import ORDER_BOUNDS, OrderSpec
 
 VERSION = r"^\d{1,3}(\.\d{1,3}){0,2}$"
@@ -53,24 +55,29 @@ class OrderCreateSerializer(serializers.Serializer):
     webhook_url = serializers.URLField(max_length=300, required=False, default="", allow_blank=True)
     listing = serializers.UUIDField(required=False, allow_null=True)
     project = serializers.IntegerField(required=False, allow_null=True, help_text="one of your projects")
+    workload = WorkloadCreateSerializer(required=False, allow_null=True,
+                                        help_text="the container each lease runs (none: the lease holds its slice "
+                                                  "for your own use)")
 
     def spec(self) -> OrderSpec:
         d = dict(self.validated_data)
         d["listing_id"] = d.pop("listing", None)
         d["project_id"] = d.pop("project", None)
+        d["workload"] = spec_of(d["workload"]) if d.get("workload") is not None else None
         return OrderSpec(**d)
 
 
 class OrderSerializer(serializers.ModelSerializer):
     leases = serializers.SerializerMethodField()
     reservations = serializers.SerializerMethodField()
+    workload = WorkloadSerializer(read_only=True, allow_null=True, default=None)
 
     class Meta:
         model = Order
         fields = ["id", "mode", "state", "if_unavailable", "gpu_models", "memory_gb", "compute_slices", "whole_gpu",
                   "gpu_count", "min_cuda", "min_compute_capability", "regions", "duration_seconds", "window_start", "window_end",
                   "max_price_per_hour", "priority", "webhook_url", "listing", "project", "price_per_hour", "total_price",
-                  "reasons", "explain", "attempts", "created_at", "placed_at", "leases", "reservations"]
+                  "reasons", "explain", "attempts", "created_at", "placed_at", "leases", "reservations", "workload"]
         read_only_fields = fields
 
     def get_leases(self, o: Order) -> list[str]:
@@ -88,12 +95,13 @@ class LeaseSerializer(serializers.ModelSerializer):
     interruption = serializers.SerializerMethodField()
     cost = serializers.SerializerMethodField(help_text="what it has cost so far, to the micro-dollar (charged or "
                                                        "not yet)")
+    workload = serializers.SerializerMethodField(help_text="its container: state, exit code, error (null: none)")
 
     class Meta:
         model = Lease
         fields = ["id", "order", "reservation", "mode", "state", "gpu_model", "profile", "region", "price_per_hour",
                   "bid_per_hour", "started_at", "ends_at", "ended_at", "end_reason", "cost", "billed_until",
-                  "cost_charged", "connection", "interruption", "created_at"]
+                  "cost_charged", "connection", "interruption", "workload", "created_at"]
         read_only_fields = fields
 
     def get_profile(self, lease: Lease) -> str:
@@ -104,6 +112,10 @@ class LeaseSerializer(serializers.ModelSerializer):
 
     def get_connection(self, lease: Lease) -> dict | None:
         return lease_services.connection_facts(lease)
+
+    @extend_schema_field(WorkloadRunSerializer(allow_null=True))
+    def get_workload(self, lease: Lease) -> dict | None:
+        return workload_run_data(lease)
 
     def get_interruption(self, lease: Lease) -> dict | None:
         i = getattr(lease, "interruption", None)
@@ -197,6 +209,12 @@ class LeaseViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin,
     def end(self, request, pk=None):
         lease = lease_services.lease_end(lease_id=self.get_object().pk, buyer=request.user)
         return Response(LeaseSerializer(self.get_queryset().get(pk=lease.pk)).data)
+
+    @LOGS_SCHEMA
+    @action(detail=True, methods=["get"])
+    def logs(self, request, pk=None):
+        """The kept tail of its container's output (the last MARKET_WORKLOAD_LOG_TAIL_BYTES), as text."""
+        return logs_response(self.get_object())
 
 
 class ReservationViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):

@@ -12,7 +12,7 @@ from datetime import datetime, timedelta
 from django.utils import timezone
 
 from marketplace.conf import market
-from marketplace.models import Lease, Mode, Order, Reservation
+from marketplace.models import Lease, Mode, Order, Reservation, Workload
 from scheduler.core.model import Request
 from scheduler.core.slots import Slots
 from scheduler.models import Slice
@@ -114,8 +114,11 @@ class LeaseClasses:
         return self.occupant(sl, window_start=window_start) is None
 
 
-def request_for(order: Order, *, now: datetime | None = None) -> Request:
-    """The engine's Request for an order."""
+def request_for(order: Order, *, now: datetime | None = None, image: str | None = None) -> Request:
+    """The engine's Request for an order (`image`: the container it runs, for the RunsImage filter; by default
+    its workload's, if it has one)."""
+    if image is None and order.pk is not None:
+        image = Workload.objects.filter(order_id=order.pk).values_list("image", flat=True).first()
     mode = {Mode.RESERVED: "reserved", Mode.SPOT: "spot"}.get(order.mode, "on_demand")
     short = False
     if order.mode == Mode.RESERVED and order.window_start is not None:
@@ -127,4 +130,4 @@ def request_for(order: Order, *, now: datetime | None = None) -> Request:
         min_cuda=order.min_cuda or None, min_compute_capability=order.min_compute_capability or None,
         regions=frozenset(order.regions) or None, buyer_region=order.buyer_region or None, mode=mode,
         max_price_per_hour=float(order.max_price_per_hour) if order.max_price_per_hour is not None else None,
-        priority=order.priority, short_notice=short)
+        priority=order.priority, short_notice=short, image=image or None)

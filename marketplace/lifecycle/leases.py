@@ -1,19 +1,25 @@
 """The lease lifecycle: every state of a lease and every transition, here and nowhere else.
 
     open ──► provisioning ──slice ready──► running ──interrupt (spot)──► interrupting ─┐
-                  │                          │  └──end (buyer, duration, window, money, node)──► ending ──► ended
-                  └──slice failed──► failed  │                                         ▲   (instance destroyed)
-                                             └─────────────────────────────────────────┘
+                  │   (with a workload: ──container running──►)  │                   │ deadline
+                  │                          │  └─end (buyer, duration, window, money, node, the container's exit)
+                  │                          │                                       ▼
+                  └─slice failed / workload failed─► failed      └─────────────────► ending ──► ended
+                                                                   (container removed, then the instance destroyed)
 
 Each transition is one function and one transaction (the outermost one when a buyer, a tick or the API
 calls it; inside the fleet's when a fleet fact arrives through the port, so the lease moves in the same
-commit as its slice), and announces itself on commit (events.py). Billing starts at running and stops at
-ending or interrupting (metering settles the rest then); the instance is destroyed after that and its
-destruction ends the lease. A lease lost by the platform (provisioning failed, node offline) refunds what it
-was charged (failed) or gives its reserved window back to be placed again (products/reservations.py).
+commit as its slice), and announces itself on commit (events.py). Billing starts at running — for a lease with
+a workload, when its container runs — and stops at ending or interrupting (metering settles the rest then; a
+job's lease at the exit the engine reported). The container is removed, then the instance destroyed, and that
+ends the lease. A lease lost by the platform (provisioning failed, node offline) refunds what it was charged
+(failed) or gives its reserved window back to be placed again (products/reservations.py); a workload that fails
+to start (a bad image, a failed pull, a container that dies at start) fails its lease with the engine's reason
+and refunds it. The workload's own states and the commands to the agent are in workloads.py.
 """
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -21,12 +27,14 @@ from django.db import transaction
 from django.utils import timezone
 
 from marketplace import events, metering
+from marketplace.lifecycle import workloads
 from marketplace.amounts import cost
 from marketplace.claims.holds import overlapping_reservations
 from marketplace.conf import market
-from marketplace.models import Interruption, LedgerTransaction, Lease, Mode, Order, Reservation, SpotBid
+from marketplace.models import (Interruption, LedgerTransaction, Lease, Mode, Order, Reservation, SpotBid,
+                                WorkloadRun)
 from marketplace.money import movements
-from scheduler.errors import NotFound
+from scheduler.errors import Conflict, NotFound
 from scheduler.models import Node, Slice
 from scheduler.services.commands import command_issue
 from scheduler.services.slices import slice_destroy
@@ -39,14 +47,19 @@ RUNNING_STATES = (Lease.State.RUNNING, Lease.State.PROVISIONING, Lease.State.INT
 
 
 def connection_facts(lease: Lease) -> dict | None:
-    """What the buyer's process needs: the node, the device UUID and CUDA_VISIBLE_DEVICES (once running)."""
+    """What the buyer needs once it runs: the node, the device UUID and CUDA_VISIBLE_DEVICES, and for a lease
+    with a container how to reach it (`ssh`, `urls`, `ports`, the Jupyter token: workloads.connection)."""
     sl = lease.slice
     if lease.state not in (Lease.State.RUNNING, Lease.State.INTERRUPTING):
         return None
     node = sl.gpu.node
-    return {"node": str(node.pk), "hostname": node.hostname, "region": node.region, "gpu_uuid": sl.gpu.uuid,
-            "device_uuid": sl.cuda_visible_devices, "mig_profile": sl.profile or None,
-            "env": {"CUDA_VISIBLE_DEVICES": sl.cuda_visible_devices}}
+    facts = {"node": str(node.pk), "hostname": node.hostname, "region": node.region, "gpu_uuid": sl.gpu.uuid,
+             "device_uuid": sl.cuda_visible_devices, "mig_profile": sl.profile or None,
+             "env": {"CUDA_VISIBLE_DEVICES": sl.cuda_visible_devices}}
+    reach = workloads.connection(lease)
+    if reach is not None:
+        facts.update(reach)
+    return facts
 
 
 def _event(lease: Lease, kind: str, **extra) -> dict:
@@ -83,10 +96,23 @@ def lease_open(*, order: Order | None, buyer, sl: Slice, mode: str, price_per_ho
                                      metered=mode in (Mode.ON_DEMAND, Mode.SPOT))
         if reservation is not None:
             Reservation.objects.filter(pk=reservation.pk).update(state=Reservation.State.ACTIVE)
-        if sl.state == Slice.State.READY:
-            _run(lease, at=sl.ready_at or now)
         events.tell_buyer(buyer.pk, _event(lease, "lease_opened"))
+        if sl.state == Slice.State.READY:
+            _ready(lease, at=sl.ready_at or now)
     return lease
+
+
+def _ready(lease: Lease, *, at: datetime) -> None:
+    """Its slice is there: a lease without a workload runs now; one with a workload starts its container and runs
+    when the agent reports it running (a node whose port range is full fails it)."""
+    if workloads.workload_of(lease) is None:
+        _run(lease, at=at)
+        return
+    try:
+        with transaction.atomic():
+            workloads.start(lease)
+    except Conflict as exc:
+        _fail(lease, at=at, reason=exc.message, destroy_slice=True, requeue=False)
 
 
 def _run(lease: Lease, *, at: datetime) -> None:
@@ -122,7 +148,7 @@ def slice_ready(*, sl: Slice, at: datetime) -> None:
         lease = Lease.objects.select_for_update().filter(slice=sl, state=Lease.State.PROVISIONING).first()
         if lease is not None:
             lease.slice = sl
-            _run(lease, at=at)
+            _ready(lease, at=at)
 
 
 # --- failing ---------------------------------------------------------------------------------------------------
@@ -133,25 +159,37 @@ def slice_failed(*, sl: Slice, at: datetime, reason: str) -> None:
     with transaction.atomic():
         # Lock the lease: the race is the buyer ending it while the agent's failure arrives.
         lease = Lease.objects.select_for_update().filter(slice=sl, state__in=Lease.OPEN_STATES).first()
-        if lease is None:
-            return
-        sibling_ended = lease.end_reason == SIBLING_FAILED  # the order was dealt with when its sibling failed
-        lease.state, lease.ended_at, lease.end_reason = Lease.State.FAILED, at, "provisioning failed"
-        lease.save(update_fields=["state", "ended_at", "end_reason"])
+        if lease is not None:
+            _fail(lease, at=at, reason=reason, destroy_slice=False, requeue=True)
+
+
+def _fail(lease: Lease, *, at: datetime, reason: str, destroy_slice: bool, requeue: bool) -> None:
+    """The lease failed to start (locked by the caller): refunded, its window given back, its k-GPU siblings
+    ended, its order re-queued (a queue order whose carving failed: another slice may do) or failed (a workload
+    that cannot start would fail again), announced with the reason; the slice destroyed if it was carved."""
+    sibling_ended = lease.end_reason == SIBLING_FAILED  # the order was dealt with when its sibling failed
+    lease.state, lease.ended_at = Lease.State.FAILED, at
+    lease.end_reason = "provisioning failed" if not destroy_slice else "workload failed"
+    lease.save(update_fields=["state", "ended_at", "end_reason"])
+    if not destroy_slice:
+        # The platform's failure: a reserved window is placed again. (A workload that cannot start is not: it
+        # would fail again; the window's unused time is refunded when it ends.)
         _window_lost(lease)
-        _refund_usage(lease.pk, memo=f"provisioning failed: {reason}")
-        if lease.order_id and lease.mode in (Mode.ON_DEMAND, Mode.SPOT) and not sibling_ended:
-            _end_siblings(lease, at=at, reason=reason)
-            # Lock the order: the race is the buyer cancelling it while it goes back to the queue.
-            order = Order.objects.select_for_update().get(pk=lease.order_id)
-            requeue = order.if_unavailable == Order.IfUnavailable.QUEUE
-            order.state = Order.State.QUEUED if requeue else Order.State.FAILED
-            order.explain = f"provisioning failed: {reason}"[:500]
-            order.save(update_fields=["state", "explain"])
-        event = _event(lease, "lease_failed", reason=reason)
-        events.tell_buyer(lease.buyer_id, event)
-        events.notify_webhook(user_id=lease.buyer_id, kind="lease_failed", payload=event,
-                              order_webhook=_order_webhook(lease))
+    _refund_usage(lease.pk, memo=f"provisioning failed: {reason}")
+    if destroy_slice:
+        slice_destroy(slice_id=lease.slice_id)
+    if lease.order_id and lease.mode in (Mode.ON_DEMAND, Mode.SPOT) and not sibling_ended:
+        _end_siblings(lease, at=at, reason=reason)
+        # Lock the order: the race is the buyer cancelling it while it goes back to the queue.
+        order = Order.objects.select_for_update().get(pk=lease.order_id)
+        again = requeue and order.if_unavailable == Order.IfUnavailable.QUEUE
+        order.state = Order.State.QUEUED if again else Order.State.FAILED
+        order.explain = f"provisioning failed: {reason}"[:500]
+        order.save(update_fields=["state", "explain"])
+    event = _event(lease, "lease_failed", reason=reason)
+    events.tell_buyer(lease.buyer_id, event)
+    events.notify_webhook(user_id=lease.buyer_id, kind="lease_failed", payload=event,
+                          order_webhook=_order_webhook(lease))
 
 
 def _window_lost(lease: Lease) -> None:
@@ -182,8 +220,9 @@ def _end_siblings(lease: Lease, *, at: datetime, reason: str) -> None:
 
 # --- ending ----------------------------------------------------------------------------------------------------
 
-def _stop(lease: Lease, *, reason: str, at: datetime) -> None:
-    """Settle the meter, mark the lease ending and destroy its instance (lease locked by the caller)."""
+def _stop(lease: Lease, *, reason: str, at: datetime, grace_seconds: float | None = None) -> None:
+    """Settle the meter, mark the lease ending, stop its container and destroy its instance (lease locked by the
+    caller). `grace_seconds`: between SIGTERM and the kill (default WORKLOAD_STOP_GRACE_SECONDS)."""
     if lease.state == Lease.State.RUNNING:
         metering.settle(lease, now=at)
     lease.state = Lease.State.ENDING
@@ -193,8 +232,11 @@ def _stop(lease: Lease, *, reason: str, at: datetime) -> None:
     if lease.mode == Mode.SPOT:
         SpotBid.objects.filter(order_id=lease.order_id, state__in=[SpotBid.State.OPEN, SpotBid.State.WON]).update(
             state=SpotBid.State.CLOSED)
-    slice_destroy(slice_id=lease.slice_id)  # may end the lease at once (nothing carved yet)
     events.tell_buyer(lease.buyer_id, _event(lease, "lease_ending", reason=lease.end_reason))
+    # Its container goes first (the agent reports it removed, and the slice is destroyed then); a lease without
+    # one destroys its slice now, which may end the lease at once (nothing carved yet).
+    if not workloads.stop(lease, grace_seconds=grace_seconds):
+        slice_destroy(slice_id=lease.slice_id)
 
 
 def lease_end(*, lease_id, reason: str = "ended by the buyer", buyer=None, at: datetime | None = None) -> Lease:
@@ -283,9 +325,11 @@ def lease_interrupt(*, lease_id, kind: str, now: datetime | None = None,
         events.notify_webhook(user_id=lease.buyer_id, kind="interruption", payload=payload,
                               order_webhook=lease.order.webhook_url if lease.order_id else "")
         if gpu.node.status == Node.Status.ONLINE:
-            command_issue(node=gpu.node, op="notice", args={"kind": f"spot_interruption:{kind}",
-                                                            "deadline": deadline.isoformat(),
-                                                            "instance_uuid": sl.instance_uuid or gpu.uuid})
+            workload = workloads.workload_of(lease)
+            command_issue(node=gpu.node, op="notice", args={
+                "kind": f"spot_interruption:{kind}", "deadline": deadline.isoformat(),
+                "instance_uuid": sl.instance_uuid or gpu.uuid, "lease": str(lease.pk),
+                "mode": workload.notice if workload is not None else "sigterm"})
     return intr
 
 
@@ -313,7 +357,7 @@ def leases_tick(*, now: datetime | None = None) -> int:
         with transaction.atomic():
             lease = _locked(lease_id)
             if lease.state == Lease.State.INTERRUPTING:
-                _stop(lease, reason="interrupted", at=lease.ends_at)
+                _stop(lease, reason="interrupted", at=lease.ends_at, grace_seconds=0)  # the notice was its grace
             elif lease.state in (Lease.State.RUNNING, Lease.State.PROVISIONING) and lease.ends_at <= now:
                 _stop(lease, reason="duration over" if lease.reservation_id is None else "window over",
                       at=min(now, lease.ends_at))
@@ -336,3 +380,122 @@ def meter_tick(*, now: datetime | None = None) -> int:
             events.tell_buyer(w.buyer_id, event)
             events.notify_webhook(user_id=w.buyer_id, kind="balance_low", payload=event)
     return result.posted
+
+
+# --- workloads: what the agent reports of a lease's container ----------------------------------------------------
+
+def _locked_on(node_id, lease_id) -> Lease | None:
+    """The lease, locked, if it runs on `node_id` (an agent speaks only for its own node's leases)."""
+    return (Lease.objects.select_for_update(of=("self",)).select_related(*metering.LOCKED, "buyer")
+            .filter(pk=_uuid_or_none(lease_id), slice__gpu__node_id=node_id).first())
+
+
+def _uuid_or_none(value):
+    try:
+        return uuid.UUID(str(value))
+    except ValueError:
+        return None
+
+
+def _cleanup(node_id, lease_id: str) -> None:
+    """A container of a lease that is over (or unknown here): the agent removes it."""
+    node = Node.objects.filter(pk=node_id).first()
+    if node is not None:
+        command_issue(node=node, op="stop_workload", args={"lease": str(lease_id), "grace_seconds": 0})
+
+
+def workload_state(*, node_id, frame: dict) -> None:
+    """A container's state changed (protocol `workload` frame): the run records it and the lease follows —
+    running starts billing, an exit ends the lease (a job's at its exit), a failure at start fails it with the
+    engine's reason, a removal lets its slice be destroyed."""
+    with transaction.atomic():
+        lease = _locked_on(node_id, frame["lease"])
+        run = WorkloadRun.objects.select_for_update().filter(lease=lease).first() if lease is not None else None
+        if run is None:
+            if frame["state"] in ("running", "exited"):
+                _cleanup(node_id, frame["lease"])
+            return
+        workloads.record(run, frame)
+        state, at = frame["state"], workloads.at_of(frame.get("at")) or timezone.now()
+        if state == "running" and lease.state == Lease.State.PROVISIONING:
+            _run(lease, at=run.started_at or at)
+        elif state == "exited" and lease.state in (Lease.State.RUNNING, Lease.State.INTERRUPTING):
+            workload = workloads.workload_of(lease)
+            what = "job finished" if workload is not None and workload.kind == "job" else "container exited"
+            code = f" with code {run.exit_code}" if run.exit_code is not None else ""
+            _stop(lease, reason=f"{what}{code}", at=run.finished_at or at)
+        elif state in ("exited", "failed") and lease.state == Lease.State.PROVISIONING:
+            why = run.error or f"the container exited at start with code {run.exit_code}"
+            _fail(lease, at=at, reason=f"the workload did not start: {why}", destroy_slice=True, requeue=False)
+        elif state == "failed" and lease.state in (Lease.State.RUNNING, Lease.State.INTERRUPTING):
+            _stop(lease, reason="container failed", at=at)
+        elif state == "removed" and lease.state == Lease.State.ENDING:
+            slice_destroy(slice_id=lease.slice_id)
+        elif state == "removed" and lease.state in (Lease.State.RUNNING, Lease.State.INTERRUPTING):
+            _stop(lease, reason="container removed on the node", at=at)
+        workloads.announce(run, lease)
+
+
+def workload_output(*, node_id, frame: dict) -> None:
+    """A chunk of a container's output: kept (the last WORKLOAD_LOG_TAIL_BYTES) and shown live to its buyer."""
+    lease = Lease.objects.filter(pk=_uuid_or_none(frame["lease"]), slice__gpu__node_id=node_id).only(
+        "pk", "buyer_id").first()
+    run = WorkloadRun.objects.filter(lease=lease).first() if lease is not None else None
+    if run is None:
+        return
+    workloads.append_output(run, frame["data"])
+    events.tell_lease_watchers(lease.pk, {"type": "lease_log", "lease": str(lease.pk), "data": frame["data"]})
+
+
+def workloads_found(*, node_id, found: list[dict]) -> None:
+    """The agent (re)started and found these containers ({lease, container, state}): those of open leases are
+    adopted, the others removed; an open lease whose container is not among them lost it (it ends, or, still
+    starting, its container is asked for again)."""
+    seen = {f["lease"]: f for f in found}
+    with transaction.atomic():
+        for lease_id, f in seen.items():
+            lease = _locked_on(node_id, lease_id)
+            run = WorkloadRun.objects.select_for_update().filter(lease=lease).first() if lease is not None else None
+            if run is None or lease.state not in Lease.OPEN_STATES:
+                _cleanup(node_id, lease_id)
+                continue
+            if f["state"] == "running":
+                workload_state(node_id=node_id, frame={"lease": lease_id, "state": "running",
+                                                       "container": f["container"], "at": None})
+            else:
+                workload_state(node_id=node_id, frame={"lease": lease_id, "state": "exited",
+                                                       "container": f["container"], "at": None})
+        lost = (Lease.objects.filter(slice__gpu__node_id=node_id, state__in=Lease.OPEN_STATES,
+                                     run__state__in=[WorkloadRun.State.PULLING, WorkloadRun.State.STARTING,
+                                                     WorkloadRun.State.RUNNING, WorkloadRun.State.PENDING])
+                .exclude(pk__in=[_uuid_or_none(x) for x in seen]).values_list("id", flat=True))
+        for lease_id in list(lost):
+            lease = _locked(lease_id)
+            if lease.state == Lease.State.PROVISIONING:
+                workloads.start(lease)  # the agent lost the start (it restarted mid-pull): ask again
+            elif lease.state in (Lease.State.RUNNING, Lease.State.INTERRUPTING):
+                WorkloadRun.objects.filter(lease=lease).update(state=WorkloadRun.State.REMOVED)
+                _stop(lease, reason="container lost on the node", at=timezone.now())
+
+
+def workload_command_finished(*, command) -> None:
+    """A start_workload or stop_workload command was answered (or timed out). A start the agent refused (no
+    runtime there, a spec it cannot run) fails its lease; a stop done, failed or timed out lets the slice go —
+    an agent that comes back removes what it still runs of an ended lease when it says hello."""
+    lease_id = (command.args or {}).get("lease")
+    if command.op not in ("start_workload", "stop_workload") or not lease_id:
+        return
+    with transaction.atomic():
+        lease = _locked_on(command.node_id, lease_id)
+        if lease is None:
+            return
+        failed = command.state != command.State.SUCCEEDED
+        if command.op == "start_workload" and failed and command.error_code != "timeout" \
+                and lease.state == Lease.State.PROVISIONING:
+            run = WorkloadRun.objects.select_for_update().filter(lease=lease).first()
+            if run is not None:
+                workloads.record(run, {"state": "failed", "reason": command.error_message, "at": None})
+            _fail(lease, at=timezone.now(), reason=f"the workload did not start: {command.error_message}",
+                  destroy_slice=True, requeue=False)
+        elif command.op == "stop_workload" and lease.state == Lease.State.ENDING:
+            slice_destroy(slice_id=lease.slice_id)

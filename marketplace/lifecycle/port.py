@@ -22,6 +22,18 @@ class FleetFacts:
     def node_offline(self, *, node_id, at: datetime) -> None:
         leases.node_offline(node_id=node_id, at=at)
 
+    def workload_state(self, *, node_id, frame: dict) -> None:
+        leases.workload_state(node_id=node_id, frame=frame)
+
+    def workload_output(self, *, node_id, frame: dict) -> None:
+        leases.workload_output(node_id=node_id, frame=frame)
+
+    def workloads_found(self, *, node_id, found: list[dict]) -> None:
+        leases.workloads_found(node_id=node_id, found=found)
+
+    def command_finished(self, *, command) -> None:
+        leases.workload_command_finished(command=command)
+
     def slice_holder(self, *, sl) -> str | None:
         lease = Lease.objects.filter(slice=sl, state__in=Lease.OPEN_STATES).only("pk", "state").first()
         if lease is None:

@@ -9,3 +9,6 @@ from .market import (Interruption, Lease, Mode, Order, Reservation, ResaleListin
                      SpotPrice)
 
 __all__ += ["Interruption", "Lease", "Mode", "Order", "Reservation", "ResaleListing", "SpotBid", "SpotPrice"]
+from .workloads import PortBinding, SshKey, Template, Workload, WorkloadRun  # noqa: E402
+
+__all__ += ["PortBinding", "SshKey", "Template", "Workload", "WorkloadRun"]

@@ -36,8 +36,9 @@ DEMO_NODES = (
 )
 
 
-def demo_seed() -> list[tuple[DemoNode, Node, str]]:
-    """Create the demo accounts (idempotent) and give each demo node a fresh agent token."""
+def demo_seed(*, public_address: str = "127.0.0.1") -> list[tuple[DemoNode, Node, str]]:
+    """Create the demo accounts (idempotent) and give each demo node a fresh agent token; the nodes' published
+    ports are reached at `public_address` (the demo's containers run on this machine)."""
     User = get_user_model()
     with transaction.atomic():
         users = {}
@@ -55,6 +56,7 @@ def demo_seed() -> list[tuple[DemoNode, Node, str]]:
                                                           region=spec.region, price_per_gpu_hour=spec.price)
             else:
                 token = node_services.node_rotate_token(node=node)
+            Node.objects.filter(pk=node.pk).update(public_address=public_address)
             out.append((spec, node, token))
         # A welcome credit, once, so the demo buyer can order at once (topping up works too).
         movements.credit(user=users["buyer"], amount=DEMO_BUYER_CREDIT, idempotency_key="demo:buyer-credit",

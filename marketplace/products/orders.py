@@ -22,18 +22,20 @@ from marketplace.claims.holds import holds_for, order_span, request_for
 from marketplace.claims.windows import SlicesClaim
 from marketplace.conf import market
 from marketplace.lifecycle.leases import lease_end, lease_interrupt, lease_open
+from marketplace.lifecycle.workloads import workload_create
 from marketplace.models import Lease, Mode, Order, Project, ResaleListing, SpotBid
 from marketplace.money import ledger
 from marketplace.notifications import webhook_url_check
 from marketplace.pricing import price_for, reserved_mode, spot_factor_for
-from scheduler.core import perf
 from nodeagent.hardware.gpus import GPU_MODELS
+from scheduler.core import perf
 from scheduler.core.model import Decision
 from scheduler.errors import Conflict, DomainError, NotFound
 from scheduler.models import GpuModel
 from scheduler.services.allocation import Snapshot, allocate, decide
 
 from . import reservations, resale, spot
+from .workloads import WorkloadSpec, workload_resolve
 
 # The order's limits, once: (minimum, maximum); the duration's maximum is MARKET_MAX_DURATION_SECONDS.
 ORDER_BOUNDS = {
@@ -75,6 +77,7 @@ class OrderSpec:
     webhook_url: str = ""
     listing_id: object = None
     project_id: object = None
+    workload: WorkloadSpec | None = None  # None: the lease only holds its slice
 
 
 def _within(spec: OrderSpec, name: str, value) -> None:
@@ -167,11 +170,15 @@ def order_place(*, buyer, spec: OrderSpec, now: datetime | None = None) -> Order
     now = now or timezone.now()
     _check(spec, now)
     project = _project(buyer=buyer, project_id=spec.project_id)
+    workload = workload_resolve(spec.workload) if spec.workload is not None else None
     if spec.mode == Mode.RESALE:
-        return resale.listing_purchase(buyer=buyer, listing_id=spec.listing_id, now=now, project=project).order
+        return resale.listing_purchase(buyer=buyer, listing_id=spec.listing_id, now=now, project=project,
+                                       workload=workload).order
     with transaction.atomic():
         order = _order(buyer=buyer, spec=spec, project=project)
         order.save()
+        if workload is not None:
+            workload_create(order=order, resolved=workload)
         if spec.mode == Mode.SPOT:
             SpotBid.objects.create(buyer=buyer, order=order, max_price_per_hour=spec.max_price_per_hour)
             _check_bid(order)
@@ -351,9 +358,10 @@ def order_quote(*, buyer, spec: OrderSpec, now: datetime | None = None) -> Quote
                      gpu_model=listing.gpu_model, profile=listing.profile, region=listing.region,
                      per_hour=listing.ask_per_hour, hours=hours, total=listing.price_total)
     _check(spec, now)
+    image = workload_resolve(spec.workload)["image"] if spec.workload is not None else None
     order = _order(buyer=buyer, spec=spec, project=None)
     start, end = order_span(order, now=now)
-    request = request_for(order, now=now)
+    request = request_for(order, now=now, image=image)
     # A cap is what the buyer pays at most, not a reason to show no price: the preview decides without it.
     request.max_price_per_hour = None
     ms = snapshot.cached()

@@ -15,7 +15,8 @@ from django.utils import timezone
 from marketplace.amounts import cost, spread
 from marketplace.claims.windows import ListingClaim
 from marketplace.conf import market
-from marketplace.models import Lease, Mode, Order, Reservation, ResaleListing
+from marketplace.lifecycle.workloads import workload_create
+from marketplace.models import Lease, Mode, Order, ResaleListing, Reservation
 from marketplace.money import movements
 from marketplace.pricing import resale_cap as cap_for
 from scheduler.errors import Conflict, DomainError, NotFound
@@ -81,9 +82,11 @@ class Purchase:
     order: Order
 
 
-def listing_purchase(*, buyer, listing_id, now: datetime | None = None, project=None) -> Purchase:
+def listing_purchase(*, buyer, listing_id, now: datetime | None = None, project=None,
+                     workload: dict | None = None) -> Purchase:
     """Buy a listed window: paid from the buyer's wallet, the seller credited less the fee, the reservation
-    split so that the window is the buyer's and no longer the seller's. A window sells once."""
+    split so that the window is the buyer's and no longer the seller's. A window sells once. `workload`: what
+    runs in it (products.workloads.workload_resolve's)."""
     now = now or timezone.now()
 
     def write(r: Reservation, listing: ResaleListing) -> Purchase:
@@ -95,10 +98,16 @@ def listing_purchase(*, buyer, listing_id, now: datetime | None = None, project=
             raise Conflict("the listed window has already started", code="window_started")
         if r.state not in Reservation.LIVE_STATES or listing.starts_at < r.starts_at or listing.ends_at > r.ends_at:
             raise Conflict("the reservation no longer covers this window", code="not_open")
+        node = r.gpu.node
+        if workload is not None and not (node.runs_containers and node.allows_image(workload["image"])):
+            raise Conflict(f"the window's node does not run {workload['image']}: its provider runs no containers "
+                           f"there or does not allow that image", code="image_not_allowed")
         order = Order.objects.create(buyer=buyer, mode=Mode.RESALE, listing=listing, state=Order.State.PLACED,
                                      gpu_models=[listing.gpu_model], window_start=listing.starts_at,
                                      window_end=listing.ends_at, price_per_hour=listing.ask_per_hour,
                                      total_price=listing.price_total, placed_at=now, project=project)
+        if workload is not None:
+            workload_create(order=order, resolved=workload)
         seller_project = r.order.project_id if r.order_id else None
         _, fee = movements.resale_sale(buyer=buyer, seller=listing.seller_id, amount=listing.price_total,
                                        idempotency_key=f"resale:{listing.pk}", order=order.pk,

@@ -50,3 +50,17 @@ def hours(seconds) -> str:
     except (TypeError, ValueError):
         return "—"
     return f"{s / 3600:.2f} h" if s >= 360 else f"{s / 60:.0f} min"
+
+
+@register.filter
+def duration(seconds) -> str:
+    """Seconds as a job's running time: 42 s, 3 min 05 s, 2 h 04 min."""
+    try:
+        s = int(seconds)
+    except (TypeError, ValueError):
+        return "—"
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"

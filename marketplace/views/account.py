@@ -1,4 +1,4 @@
-"""Account pages: API keys (created, shown once, revoked), projects and notification settings."""
+"""Account pages: API keys (created, shown once, revoked), SSH keys, projects and notification settings."""
 from __future__ import annotations
 
 from django.contrib import messages
@@ -6,12 +6,12 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
-from marketplace.models import ApiKey, Project
 from marketplace import notifications
-from marketplace.products import apikeys, projects
+from marketplace.models import ApiKey, Project, SshKey
+from marketplace.products import apikeys, projects, workloads
 from scheduler.errors import DomainError
 
-from ..forms import ApiKeyForm, NotificationSettingsForm, ProjectForm
+from ..forms import ApiKeyForm, NotificationSettingsForm, ProjectForm, SshKeyForm
 from .common import add_domain_error, mark_invalid
 
 
@@ -21,9 +21,10 @@ def _notification_form(user) -> NotificationSettingsForm:
         "webhook_url": row.webhook_url, **{kind: getattr(row, kind) for kind in row.KINDS}})
 
 
-def _page(request, *, key_form=None, project_form=None, notification_form=None, secret=None, new_key=None,
-          status=200):
+def _page(request, *, key_form=None, project_form=None, notification_form=None, ssh_form=None, secret=None,
+          new_key=None, status=200):
     return render(request, "console/account.html", {
+        "ssh_keys": SshKey.objects.filter(user=request.user), "ssh_form": ssh_form or SshKeyForm(prefix="ssh"),
         "notification_form": notification_form or _notification_form(request.user),
         "keys": ApiKey.objects.filter(user=request.user).order_by("-created_at"),
         "projects": Project.objects.filter(user=request.user).order_by("name"),
@@ -110,3 +111,32 @@ def notifications_save(request):
             return redirect("console:account")
     mark_invalid(form)
     return _page(request, notification_form=form, status=400)
+
+
+@login_required
+@require_POST
+def ssh_key_add(request):
+    form = SshKeyForm(request.POST, prefix="ssh")
+    if form.is_valid():
+        try:
+            key = workloads.ssh_key_add(user=request.user, **form.cleaned_data)
+        except DomainError as exc:
+            add_domain_error(form, exc)
+        else:
+            messages.success(request, f"SSH key “{key.name}” added ({key.fingerprint}): containers started from now "
+                                      f"on let it log in.")
+            return redirect("/account/#ssh-keys")
+    mark_invalid(form)
+    return _page(request, ssh_form=form, status=400)
+
+
+@login_required
+@require_POST
+def ssh_key_delete(request, key_id):
+    try:
+        workloads.ssh_key_delete(user=request.user, key_id=key_id)
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, "SSH key removed: containers started from now on do not have it.")
+    return redirect("/account/#ssh-keys")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
+from django.db import transaction
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
@@ -10,10 +11,9 @@ from django.views.decorators.http import require_POST
 from scheduler import selectors as fleet_selectors
 from scheduler.errors import DomainError
 from scheduler.models import Node
-from scheduler.services import health as health_services
-from scheduler.services import nodes as node_services
+from scheduler.services import health as health_services, nodes as node_services
 
-from ..forms import NodeRegisterForm
+from ..forms import NodeRegisterForm, NodeSettingsForm
 from .common import add_domain_error, is_htmx, mark_invalid
 
 
@@ -64,10 +64,34 @@ def _gpu_rows(node: Node) -> list[dict]:
 
 
 @login_required
-def node_detail(request, node_id):
+def node_detail(request, node_id, settings_form=None, status=200):
     node = _node_or_404(request, node_id)
+    form = settings_form or NodeSettingsForm(initial={
+        "public_address": node.public_address, "port_range_start": node.port_range_start,
+        "port_range_end": node.port_range_end, "cpus_per_gpu": node.cpus_per_gpu,
+        "ram_gb_per_gpu": node.ram_gb_per_gpu, "image_allowlist": "\n".join(node.image_allowlist or [])})
     return render(request, "console/node_detail.html", {
-        "node": node, "gpus": _gpu_rows(node), "events": fleet_selectors.node_events(node=node), "nav": "nodes"})
+        "node": node, "gpus": _gpu_rows(node), "events": fleet_selectors.node_events(node=node), "nav": "nodes",
+        "settings_form": form}, status=status)
+
+
+@login_required
+@require_POST
+def node_settings(request, node_id):
+    """The provider's terms for buyers' containers on the node."""
+    node = _node_or_404(request, node_id)
+    form = NodeSettingsForm(request.POST)
+    if form.is_valid():
+        try:
+            with transaction.atomic():
+                node_services.node_settings_update(node=node, **form.cleaned_data)
+        except DomainError as exc:
+            add_domain_error(form, exc)
+        else:
+            messages.success(request, "Container settings saved: they apply to containers started from now on.")
+            return redirect("console:node", node_id=node.pk)
+    mark_invalid(form)
+    return node_detail(request, node_id, settings_form=form, status=400)
 
 
 @login_required

@@ -1,5 +1,6 @@
-"""My leases: each lease's state, connection facts, cost so far (ticking live), live charts of its GPU and
-interruption notices with a countdown. Ending a lease goes through marketplace.lifecycle.leases.lease_end."""
+"""My leases: each lease's state, its container (state, connection facts, a live log tail and its download),
+cost so far (ticking live), live charts of its GPU and interruption notices with a countdown; my jobs with their
+exit codes. Ending a lease goes through marketplace.lifecycle.leases.lease_end."""
 from __future__ import annotations
 
 from django.contrib import messages
@@ -10,11 +11,12 @@ from django.shortcuts import redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from marketplace.models import Lease, Order
-from marketplace import metering
-from marketplace import selectors as market_selectors
+from marketplace import metering, selectors as market_selectors
 from marketplace.amounts import micro
-from marketplace.lifecycle import leases as lease_services
+from marketplace.api.workloads import logs_response
+from marketplace.conf import market
+from marketplace.lifecycle import leases as lease_services, workloads
+from marketplace.models import Lease, Order
 from marketplace.money import ledger
 from marketplace.products import orders as order_services
 from scheduler.errors import DomainError
@@ -33,7 +35,8 @@ def _row(lease: Lease, now=None) -> dict:
     return {"lease": lease, "facts": lease_services.connection_facts(lease),
             "cost": micro(metering.cost_at(lease, now or timezone.now())),
             "interruption": getattr(lease, "interruption", None), "profile": lease.slice.profile or "whole",
-            "open": lease.state in Lease.OPEN_STATES}
+            "open": lease.state in Lease.OPEN_STATES, "run": workloads.run_of(lease),
+            "workload": workloads.workload_of(lease)}
 
 
 @login_required
@@ -54,7 +57,9 @@ def leases(request):
 @login_required
 def lease_detail(request, lease_id):
     lease = _lease_or_404(request, lease_id)
-    return render(request, "console/lease.html", {**_row(lease), "now": timezone.now(), "nav": "leases"})
+    keep = market("WORKLOAD_LOG_TAIL_BYTES")
+    return render(request, "console/lease.html", {**_row(lease), "now": timezone.now(), "nav": "leases",
+                                                  "log_keep_bytes": keep, "log_keep_kib": keep // 1024})
 
 
 @login_required
@@ -62,6 +67,22 @@ def lease_facts(request, lease_id):
     """The lease's state, facts, cost and notice as a fragment (htmx refreshes it on the buyer's events)."""
     lease = _lease_or_404(request, lease_id)
     return render(request, "console/_lease_facts.html", {**_row(lease), "now": timezone.now()})
+
+
+@login_required
+def lease_logs(request, lease_id):
+    """The kept tail of the lease's container output, as a download (the API's /leases/{id}/logs/ too)."""
+    return logs_response(_lease_or_404(request, lease_id))
+
+
+@login_required
+def jobs(request):
+    """The buyer's jobs: leases whose workload runs to completion, with exit codes and how long they ran."""
+    qs = (market_selectors.lease_list(user=request.user).filter(order__workload__kind="job")
+          .order_by("-created_at"))
+    page = Paginator(qs, PAGE).get_page(request.GET.get("page"))
+    return render(request, "console/jobs.html", {"rows": [_row(lease) for lease in page], "page": page,
+                                                 "nav": "leases"})
 
 
 @login_required

@@ -14,11 +14,11 @@ from django.utils import timezone
 from marketplace import selectors as market_selectors
 from marketplace.models import Mode
 from marketplace.money import ledger
-from marketplace.products import orders as order_services
-from marketplace.products import reservations as reservation_services
+from marketplace.products import orders as order_services, reservations as reservation_services
+from marketplace.products.workloads import WorkloadSpec
 from scheduler.errors import DomainError
 
-from ..forms import OrderForm
+from ..forms import OrderForm, workload_choices
 from .common import add_domain_error, mark_invalid
 
 # The service's field names -> this form's.
@@ -26,7 +26,10 @@ FIELDS = {"gpu_models": "gpu_model", "regions": "region", "duration_seconds": "d
           "listing": "listing", "window_start": "window_start", "window_end": "window_end",
           "max_price_per_hour": "max_price_per_hour", "memory_gb": "memory_gb", "compute_slices": "compute_slices",
           "gpu_count": "gpu_count",
-          "mode": "mode", "if_unavailable": "if_unavailable", "starts_at": "listing", "webhook_url": "webhook_url"}
+          "mode": "mode", "if_unavailable": "if_unavailable", "starts_at": "listing", "webhook_url": "webhook_url",
+          "workload.template": "workload", "workload.image": "image", "workload.args": "command",
+          "workload.command": "command", "workload.env": "env", "workload.ports": "ports",
+          "workload.disk_gb": "disk_gb", "workload.kind": "kind", "workload.notice": "notice"}
 
 
 def _value(form: OrderForm, name: str):
@@ -74,7 +77,20 @@ def _spec_from(d: dict) -> order_services.OrderSpec:
         window_end=d.get("window_end") if mode == Mode.RESERVED else None,
         max_price_per_hour=d.get("max_price_per_hour"), if_unavailable=d.get("if_unavailable") or "fail",
         webhook_url=d.get("webhook_url") or "",
-        listing_id=d.get("listing") if mode == Mode.RESALE else None, project_id=d.get("project") or None)
+        listing_id=d.get("listing") if mode == Mode.RESALE else None, project_id=d.get("project") or None,
+        workload=_workload_from(d))
+
+
+def _workload_from(d: dict) -> WorkloadSpec | None:
+    """The form's workload fields as a WorkloadSpec (None: "nothing, the slice only")."""
+    choice = d.get("workload") or "none"
+    if choice == "none":
+        return None
+    env = [{"name": k, "value": v} for k, v in d.get("env_pairs") or []]
+    env += [{"name": k, "value": v, "secret": True} for k, v in d.get("secret_env_pairs") or []]
+    return WorkloadSpec(template=None if choice == "image" else choice, image=(d.get("image") or "").strip(),
+                        args=d.get("command_args") or [], env=env, ports=d.get("port_list") or [],
+                        disk_gb=d.get("disk_gb"), kind=d.get("kind") or None, notice=d.get("notice") or "sigterm")
 
 
 def _context(request, form: OrderForm, *, priced: OrderForm | None = None) -> dict:
@@ -108,7 +124,7 @@ def order(request):
     # A link from the catalog prefills the form (unbound: no errors shown) and prices it at once.
     initial = {**{k: v for k, v in OrderForm().initial.items()}, **request.GET.dict()}
     defaults = {"mode": "on_demand", "memory_gb": "10", "compute_slices": "1", "duration_hours": "1",
-                "if_unavailable": "fail"}
+                "if_unavailable": "fail", "workload": workload_choices()[0][0], "kind": "interactive", "notice": "sigterm"}
     return render(request, "console/order.html",
                   _context(request, OrderForm(initial=initial, user=request.user),
                            priced=OrderForm({**defaults, **request.GET.dict()}, user=request.user)))
@@ -122,7 +138,11 @@ def _after_order(request, placed):
         messages.success(request, "Reserved: the window is yours and paid; it starts on its own.")
         return redirect("console:reservations")
     lease = placed.leases.order_by("-created_at").first()
-    messages.success(request, "Ordered: your slice is being carved; it runs in a few seconds.")
+    if getattr(placed, "workload", None) is not None:
+        messages.success(request, "Ordered: your slice is being carved and your container pulled; the lease runs "
+                                  "(and billing starts) when the container does.")
+    else:
+        messages.success(request, "Ordered: your slice is being carved; it runs in a few seconds.")
     return redirect("console:lease", lease_id=lease.pk) if lease else redirect("console:leases")
 
 

@@ -134,6 +134,44 @@ class RegionAllowed(Filter):
         return None
 
 
+class RunsImage(Filter):
+    """An order with a workload needs a node whose agent runs containers and whose provider allows its image."""
+
+    name, scope, node_fields = "image", "node", ("runs_containers", "image_allowlist")
+
+    def active(self, request):
+        return request.image is not None
+
+    def check(self, request, node, gpu, view):
+        if request.image is None:
+            return None
+        if not node.runs_containers:
+            return "node runs no containers"
+        if not image_allowed(request.image, node.image_allowlist):
+            return "image not allowed by the provider"
+        return None
+
+
+def canonical_image(ref: str) -> str:
+    """An image reference written out in full, as an allow-list compares it: `ubuntu:24.04` is
+    `docker.io/library/ubuntu:24.04`, `me/app` is `docker.io/me/app`; a first part with a dot or a port, or
+    `localhost`, is a registry and stays."""
+    first, sep, _ = ref.partition("/")
+    if sep and ("." in first or ":" in first or first == "localhost"):
+        return ref
+    return f"docker.io/{ref}" if sep else f"docker.io/library/{ref}"
+
+
+def image_allowed(image: str, allowlist) -> bool:
+    """Whether a provider's allow-list (reference prefixes, each written out in full; empty: all) lets `image`
+    run: `docker.io/library/` allows Docker's official images, `ghcr.io/acme/` one organisation's, a whole
+    reference one image."""
+    if not allowlist:
+        return True
+    full = canonical_image(image)
+    return any(full.startswith(canonical_image(p)) for p in allowlist)
+
+
 class MemoryPerSlice(Filter):
     """The GPU (or one of its MIG profiles) offers the memory and compute slices asked for."""
 
@@ -203,6 +241,6 @@ class GpusOnOneNode(Filter):
 # What the model offers first (the biggest, cheapest-to-count groups), then the node, then the GPU itself.
 DEFAULT_FILTERS: tuple[Filter, ...] = (
     ModelAllowed(), ComputeCapability(), MemoryPerSlice(),
-    NodeOnline(), RegionAllowed(), CudaVersion(),
+    NodeOnline(), RegionAllowed(), CudaVersion(), RunsImage(),
     GpuHealthy(), PriceCap(), Capacity(), GpusOnOneNode(),
 )

@@ -55,6 +55,8 @@ class NodeState:
     reliability: float = 0.99  # 0..1, share of leases that ran to their end on this node
     interruption_rate: float = 0.0  # spot interruptions per hour on this node, from history
     gpus: list[GpuState] = field(default_factory=list)
+    runs_containers: bool = True  # its agent runs workloads (a container runtime)
+    image_allowlist: tuple[str, ...] = ()  # image reference prefixes its provider allows; empty: any
 
 
 @dataclass
@@ -84,6 +86,7 @@ class Request:
     remaining_value: float = 0.0  # recorded on the placed instances (preemption ordering)
     profile: str | None = None  # this MIG profile exactly (on MIG GPUs that have it), instead of the smallest fit
     short_notice: bool = False
+    image: str | None = None  # the container image it runs: the node must run containers and allow it
 
     @property
     def wants_whole(self) -> bool:

@@ -10,7 +10,7 @@ Indexes, all maintained per GPU on every change (allocate, release, health, node
 - free share per model (sum of free fractions / schedulable GPUs), kept as running sums;
 - free whole GPUs per node, GPUs holding spot instances, and lease id -> GPUs;
 - reason buckets, so that `Scheduler.reasons` costs O(buckets), not O(GPUs): `reason_buckets[(model, MIG
-  off)][(node class, GPU sig)]` = the GPUs whose nodes share the node fields filters read (`CLASS_FIELDS`: online, region, CUDA)
+  off)][(node class, GPU sig)]` = the GPUs whose nodes share the node fields filters read (`CLASS_FIELDS`: online, region, CUDA, containers)
   and that share model, MIG mode, health and placeable profiles, so every groupable filter that reads no
   other node field answers them alike; `free_nodes[(node class, free sig)]` = nodes with the same class and
   the same free GPUs (by sig), which `GpusOnOneNode` answers alike (`free_nodes[class][free sig]`; nodes
@@ -46,11 +46,11 @@ from .scorers import PriceScorer, ReliabilityScorer
 from .weights import DEFAULT_WEIGHTS
 
 WHOLE, FIXED = "__whole__", "__fixed__"
-CLASS_FIELDS = ("online", "region", "cuda_version")  # node fields the reason buckets group by
+CLASS_FIELDS = ("online", "region", "cuda_version", "runs_containers", "image_allowlist")  # what reason buckets group by
 
 
 def node_class(node: NodeState) -> tuple:
-    return (node.online, node.region, node.cuda_version)
+    return (node.online, node.region, node.cuda_version, node.runs_containers, node.image_allowlist)
 
 
 def _preemptible(i: PlacedInstance) -> bool:

@@ -18,9 +18,8 @@ from django.utils import timezone
 
 from nodeagent import protocol
 from scheduler.errors import DomainError
-from scheduler.services import commands as command_services
-from scheduler.services import health as health_services
-from scheduler.services import nodes as node_services
+from scheduler.ports import market
+from scheduler.services import commands as command_services, health as health_services, nodes as node_services
 from scheduler.services.events import agent_group, node_group
 
 from .base import LoopConsumer, dumps
@@ -70,6 +69,8 @@ class AgentConsumer(LoopConsumer):
         fleet = settings.FLEET
         self.metrics_bucket = TokenBucket(rate=fleet["AGENT_METRICS_RATE"], burst=fleet["AGENT_METRICS_BURST"])
         self.event_bucket = TokenBucket(rate=fleet["AGENT_EVENT_RATE"], burst=fleet["AGENT_EVENT_BURST"])
+        self.workload_bucket = TokenBucket(rate=fleet["AGENT_WORKLOAD_RATE"], burst=fleet["AGENT_WORKLOAD_BURST"])
+        self.logs_bucket = TokenBucket(rate=fleet["AGENT_LOGS_RATE"], burst=fleet["AGENT_LOGS_BURST"])
         self.event_detail_max = fleet["AGENT_EVENT_DETAIL_MAX_BYTES"]
         self.drops = DropWindow(window=fleet["AGENT_DROP_WINDOW_SECONDS"], max_dropped=fleet["AGENT_MAX_DROPPED"])
         INGEST.ensure_running()
@@ -107,6 +108,16 @@ class AgentConsumer(LoopConsumer):
             await database_sync_to_async(command_services.command_complete)(node_id=self.node_id, frame=frame)
         elif kind == "event":
             await self._event(frame)
+        elif kind == "workload":
+            if self.workload_bucket.take():
+                await database_sync_to_async(market().workload_state)(node_id=self.node_id, frame=frame)
+            else:
+                await self._drop("workload")
+        elif kind == "logs":
+            if self.logs_bucket.take():
+                await database_sync_to_async(market().workload_output)(node_id=self.node_id, frame=frame)
+            else:
+                await self._drop("logs")
         else:
             await self._refuse(protocol.E_BAD_FRAME, f"agents may not send {kind!r} frames")
 
@@ -240,6 +251,8 @@ def _apply_hello(node_id, frame: dict, token_hash: str | None = None):
     from scheduler.models import Gpu
 
     node = node_services.node_hello(node_id=node_id, frame=frame, token_hash=token_hash)
+    # The containers of leases the agent found: the market adopts or removes them.
+    market().workloads_found(node_id=node_id, found=frame.get("workloads") or [])
     gpus = list(Gpu.objects.filter(node=node, present=True).values_list("uuid", "pk", "health", "latest__ecc_dbe",
                                                                         "gpu_model__tdp_w"))
     # The last stored ECC count is the baseline: an operator's uncordon holds across a reconnect until the

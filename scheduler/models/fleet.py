@@ -4,9 +4,10 @@ import uuid
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 from nodeagent.hardware import mig as core_mig
+from scheduler.core.filters import image_allowed
 from scheduler.core.slots import Slots
 
 
@@ -41,11 +42,25 @@ class Node(models.Model):
     last_heartbeat = models.DateTimeField(null=True, blank=True, db_index=True)
     connected_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
+    # Workloads (the containers of leases): what the agent runs them on, and the provider's terms for them.
+    runtime = models.CharField(max_length=40, blank=True, help_text="as its agent reported: docker, simulated, none")
+    public_address = models.CharField(max_length=255, blank=True,
+                                      help_text="where buyers reach the node's published ports (default its hostname)")
+    port_range_start = models.PositiveIntegerField(default=40000, help_text="host ports given to containers")
+    port_range_end = models.PositiveIntegerField(default=40999)
+    cpus_per_gpu = models.DecimalField(max_digits=6, decimal_places=2, default=8,
+                                       help_text="CPUs a whole GPU's container gets; a slice gets its share")
+    ram_gb_per_gpu = models.DecimalField(max_digits=8, decimal_places=2, default=64,
+                                         help_text="RAM (GB) a whole GPU's container gets; a slice gets its share")
+    image_allowlist = models.JSONField(default=list, blank=True,
+                                       help_text="image reference prefixes buyers may run here; empty: any")
 
     class Meta:
         ordering = ["name"]
         constraints = [
             models.UniqueConstraint(fields=["provider", "name"], name="node_unique_name_per_provider"),
+            models.CheckConstraint(condition=Q(port_range_start__gte=1024) & Q(port_range_end__lte=65535)
+                                   & Q(port_range_end__gte=F("port_range_start")), name="node_port_range_valid"),
             models.CheckConstraint(condition=Q(price_per_gpu_hour__gte=0), name="node_price_nonnegative"),
             models.CheckConstraint(condition=Q(reliability__gte=0) & Q(reliability__lte=1),
                                    name="node_reliability_share"),
@@ -53,6 +68,24 @@ class Node(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def address(self) -> str:
+        """Where buyers reach this node's published ports."""
+        return self.public_address or self.hostname
+
+    @property
+    def runs_containers(self) -> bool:
+        """Its agent has a container runtime (a real engine, or the simulated one of a demo)."""
+        return self.runtime in CONTAINER_RUNTIMES
+
+    def allows_image(self, image: str) -> bool:
+        """An empty allow-list allows every image; else the reference (written out in full) must start with one
+        of its prefixes."""
+        return image_allowed(image, self.image_allowlist)
+
+
+CONTAINER_RUNTIMES = ("docker", "simulated")  # what an agent may report that runs containers
 
 
 class Gpu(models.Model):
@@ -177,6 +210,14 @@ class AgentCommand(models.Model):
 
     def __str__(self) -> str:
         return f"{self.op} → {self.node} ({self.state})"
+
+    def args_shown(self) -> dict:
+        """The arguments as they may be shown (the admin): a workload's secret environment values masked."""
+        spec = (self.args or {}).get("spec")
+        if not isinstance(spec, dict) or not spec.get("secret_names"):
+            return self.args
+        env = {k: "********" if k in spec["secret_names"] else v for k, v in (spec.get("env") or {}).items()}
+        return {**self.args, "spec": {**spec, "env": env}}
 
 
 class HealthEvent(models.Model):

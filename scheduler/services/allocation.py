@@ -173,7 +173,8 @@ def pool_snapshot(*, models: Iterable[str] | None = None, classify: Classify | N
             ns = states[str(node.pk)] = NodeState(
                 id=str(node.pk), region=node.region, online=True, cuda_version=node.cuda_version or "0",
                 price_per_gpu_hour=float(node.price_per_gpu_hour), reliability=node.reliability,
-                interruption_rate=float(rates.get(str(node.pk), 0.0)))
+                interruption_rate=float(rates.get(str(node.pk), 0.0)),
+                runs_containers=node.runs_containers, image_allowlist=tuple(node.image_allowlist or ()))
         geometry_of.mig_enabled, geometry_of.mig_geometry = mig_enabled, mig_geometry
         geometry = geometry_of.geometry()
         instances = with_holds(geometry, placed(geometry, by_gpu.get(pk, ()), classify), holds_by_gpu.get(pk, ()))

@@ -14,6 +14,8 @@ from django.utils import timezone
 from nodeagent import protocol
 from scheduler.models import AgentCommand, Node, Slice
 
+from scheduler.ports import market
+
 from .events import announce_node, send_to_agent
 
 
@@ -83,10 +85,12 @@ def _uuid_or_none(value: str):
 
 
 def _apply_effect(cmd: AgentCommand, now: datetime) -> None:
-    from .slices import slice_command_finished
+    from .slices import slice_command_finished  # slices issues commands: imported here, not at the top
 
     if cmd.slice_id is not None:
         slice_command_finished(command=cmd, at=now)
+    else:
+        market().command_finished(command=cmd)
 
 
 def commands_expire(*, now: datetime | None = None) -> int:

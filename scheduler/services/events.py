@@ -20,6 +20,11 @@ def buyer_group(user_id) -> str:
     return f"console.user.{user_id}"
 
 
+def lease_group(lease_id) -> str:
+    """Console sockets watching one lease (its container's output goes only there)."""
+    return f"console.lease.{lease_id}"
+
+
 # Set in Celery worker and beat processes when the channel layer is in-memory (config/celery.py): their
 # layer is not the web process's, so messages go through the OutboxEvent table and the web relays them.
 USE_OUTBOX = False
@@ -55,3 +60,7 @@ def tell_agent_uncordoned(node_id, gpu_uuid: str) -> None:
 
 def announce_buyer(user_id, event: dict) -> None:
     _send(buyer_group(user_id), {"type": "market.event", "event": event})
+
+
+def announce_lease(lease_id, event: dict) -> None:
+    _send(lease_group(lease_id), {"type": "market.event", "event": event})

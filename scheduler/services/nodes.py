@@ -1,6 +1,7 @@
 """Services that write nodes: registration, the agent's hello (inventory upsert), heartbeats, offline, drain."""
 from __future__ import annotations
 
+import re
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -8,8 +9,7 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from nodeagent.hardware import gpus as core_gpus
-from nodeagent.hardware import mig as core_mig
+from nodeagent.hardware import gpus as core_gpus, mig as core_mig
 from scheduler.errors import Conflict, DomainError, PermissionDenied
 from scheduler.models import AgentCommand, Gpu, GpuModel, HealthEvent, Node, Slice
 from scheduler.ports import market
@@ -102,6 +102,7 @@ def node_hello(*, node_id, frame: dict, token_hash: str | None = None) -> Node:
         node.cuda_version = frame["cuda_version"][:20]
         node.agent_version = frame["agent_version"][:40]
         node.backend = frame["backend"][:20]
+        node.runtime = (frame.get("runtime") or "")[:40]  # an agent that predates workloads runs none
         node.status = Node.Status.DRAINING if node.drain_requested else Node.Status.ONLINE
         node.connected_at = node.last_heartbeat = now
         node.save()
@@ -269,4 +270,47 @@ def node_undrain(*, node: Node) -> Node:
     Node.objects.filter(pk=node.pk, status=Node.Status.DRAINING).update(status=Node.Status.ONLINE)
     node.refresh_from_db()
     transaction.on_commit(lambda: announce_node(node.pk, {"status": node.status}))
+    return node
+
+
+# What a provider sets for buyers' containers on a node (the API's serializer and the console's form read it).
+NODE_SETTINGS_BOUNDS = {"cpus_per_gpu": (Decimal("0.1"), Decimal("1024")),
+                        "ram_gb_per_gpu": (Decimal("0.25"), Decimal("65536")), "image_allowlist": 50}
+ADDRESS = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.\-]{0,253}[A-Za-z0-9])?)$")
+
+
+def node_settings_update(*, node: Node, public_address: str | None = None, port_range_start: int | None = None,
+                         port_range_end: int | None = None, cpus_per_gpu: Decimal | None = None,
+                         ram_gb_per_gpu: Decimal | None = None, image_allowlist: list[str] | None = None) -> Node:
+    """The provider's terms for containers on `node`: where buyers reach it, the host ports it gives out, CPUs and
+    RAM per whole GPU (a slice gets its share), the images it runs (reference prefixes; empty: any). A changed
+    range applies to containers started from now on (running ones keep their ports). DomainError naming the
+    field when a value is out of bounds; nothing is written then."""
+    if public_address is not None:
+        public_address = public_address.strip()
+        if public_address and not ADDRESS.match(public_address):
+            raise DomainError(f"{public_address!r} is not a host name or an IP address", field="public_address")
+        node.public_address = public_address
+    start = node.port_range_start if port_range_start is None else port_range_start
+    end = node.port_range_end if port_range_end is None else port_range_end
+    if not 1024 <= start <= end <= 65535:
+        raise DomainError("the port range is within 1024-65535 and ends at or after it starts",
+                          field="port_range_start")
+    node.port_range_start, node.port_range_end = start, end
+    for name, value in (("cpus_per_gpu", cpus_per_gpu), ("ram_gb_per_gpu", ram_gb_per_gpu)):
+        if value is None:
+            continue
+        low, high = NODE_SETTINGS_BOUNDS[name]
+        if not low <= value <= high:
+            raise DomainError(f"{name} is between {low} and {high}", field=name)
+        setattr(node, name, value)
+    if image_allowlist is not None:
+        entries = [e.strip() for e in image_allowlist if e and e.strip()]
+        if len(entries) > NODE_SETTINGS_BOUNDS["image_allowlist"] or any(
+                len(e) > 300 or any(c.isspace() for c in e) for e in entries):
+            raise DomainError(f"at most {NODE_SETTINGS_BOUNDS['image_allowlist']} image prefixes without spaces, "
+                              f"like docker.io/library/ or ghcr.io/acme/", field="image_allowlist")
+        node.image_allowlist = list(dict.fromkeys(entries))
+    node.save(update_fields=["public_address", "port_range_start", "port_range_end", "cpus_per_gpu",
+                             "ram_gb_per_gpu", "image_allowlist"])
     return node

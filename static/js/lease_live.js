@@ -1,4 +1,5 @@
-// A lease's page: live charts of its GPU, cost ticking each second, interruption notices with a countdown.
+// A lease's page: live charts of its GPU, its container's output as it arrives, cost ticking each second,
+// interruption notices with a countdown, copy buttons for the connection facts.
 (function () {
   "use strict";
   const root = document.getElementById("charts");
@@ -66,10 +67,40 @@
     tick();
   }
 
+  // The container's output: chunks appended as they arrive, the oldest dropped past what the server keeps too.
+  const log = document.getElementById("log-tail");
+  function appendLog(data) {
+    if (!log) return;
+    const atBottom = log.scrollTop + log.clientHeight >= log.scrollHeight - 8;
+    const keep = Number(log.dataset.keep) || 65536;
+    let text = log.textContent + data;
+    if (text.length > keep) text = text.slice(text.length - keep);
+    log.textContent = text;
+    if (atBottom) log.scrollTop = log.scrollHeight;
+  }
+  if (log) log.scrollTop = log.scrollHeight;
+
+  // Copy buttons (the SSH command, URLs): the facts fragment is swapped, so listen on the document.
+  document.addEventListener("click", (ev) => {
+    const button = ev.target.closest("button.copy[data-copy]");
+    if (!button) return;
+    const source = document.querySelector(button.dataset.copy);
+    if (!source) return;
+    const text = source.textContent.trim();
+    const done = () => { button.textContent = "Copied"; setTimeout(() => { button.textContent = "Copy"; }, 1500); };
+    if (navigator.clipboard && window.isSecureContext) navigator.clipboard.writeText(text).then(done, () => {});
+    else {
+      const area = document.createElement("textarea");
+      area.value = text; document.body.appendChild(area); area.select();
+      try { document.execCommand("copy"); done(); } finally { area.remove(); }
+    }
+  });
+
   window.consoleSocket({ lease: leaseId }, stateEl, (msg) => {
     if (msg.type === "subscribed") document.body.dispatchEvent(new Event("lease-changed")); // anything missed before
     else if (msg.type === "metrics") onMetrics(msg);
     else if (msg.type === "market" && msg.event && msg.event.lease === leaseId) {
+      if (msg.event.type === "lease_log") { appendLog(msg.event.data); return; }
       if (msg.event.type === "interruption") showNotice(msg.event);
       document.body.dispatchEvent(new Event("lease-changed"));
     }

@@ -6,9 +6,12 @@
   function showMode() {
     const checked = form.querySelector('input[name="mode"]:checked');
     const mode = checked ? checked.value : "on_demand";
-    for (const fs of form.querySelectorAll("fieldset[data-modes]")) {
-      fs.hidden = !fs.dataset.modes.split(" ").includes(mode);
+    for (const fs of form.querySelectorAll("fieldset[data-modes], [data-modes-inline]")) {
+      fs.hidden = !(fs.dataset.modes || fs.dataset.modesInline).split(" ").includes(mode);
     }
+    // "Nothing: the slice only" needs none of the workload's fields.
+    const run = form.querySelector("#id_workload");
+    for (const box of form.querySelectorAll("[data-workload]")) box.hidden = run && run.value === "none";
   }
   form.addEventListener("change", showMode);
   showMode();

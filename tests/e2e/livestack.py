@@ -78,9 +78,10 @@ class LiveStack:
             raise RuntimeError(f"{argv} failed: {out.stderr[-2000:]}")
         return out.stdout
 
-    def _spawn(self, name: str, argv: list[str], env: dict | None = None) -> subprocess.Popen:
+    def _spawn(self, name: str, argv: list[str], env: dict | None = None, *,
+               program: str = sys.executable) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")
-        proc = subprocess.Popen([sys.executable, *argv], cwd=ROOT, env={**self.env, **(env or {})}, stdout=log,
+        proc = subprocess.Popen([program, *argv], cwd=ROOT, env={**self.env, **(env or {})}, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[name] = proc
         return proc
@@ -101,11 +102,14 @@ class LiveStack:
             self.start_agent(node)
         return self
 
-    def start_agent(self, node: dict) -> subprocess.Popen:
+    def start_agent(self, node: dict, *, command: tuple[str, ...] = (sys.executable, "-m", "nodeagent"),
+                    env: dict | None = None) -> subprocess.Popen:
+        """`command`: what runs the agent (default this checkout's package; an installed `gpumarket-agent`)."""
+        program, *prefix = command
         return self._spawn(f"agent-{node['name']}", [
-            "-m", "nodeagent", "--server", f"ws://127.0.0.1:{self.port}/ws/agent/", "--simulate", node["simulate"],
+            *prefix, "--server", f"ws://127.0.0.1:{self.port}/ws/agent/", "--simulate", node["simulate"],
             "--hostname", f"{node['name']}.e2e", "--interval", str(self.agent_interval), "--seed", "7"],
-            {"NODEAGENT_TOKEN": node["token"]})
+            {"NODEAGENT_TOKEN": node["token"], **(env or {})}, program=program)
 
     def _port_open(self) -> bool:
         return self._port_open_at(self.port)

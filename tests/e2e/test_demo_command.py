@@ -70,3 +70,22 @@ def test_a_web_server_that_does_not_start_stops_the_others_with_a_message(fake_c
     with pytest.raises(CommandError, match="web server did not start"):
         call_command("demo")
     assert sorted(killed) == sorted(p.pid for p in started)
+
+
+@pytest.mark.parametrize("engine_url, runtime", [("", "simulated"), ("unix:///run/podman/podman.sock", "docker")])
+def test_the_demo_starts_each_agent_with_its_runtime_and_says_which(fake_children, monkeypatch, capsys, engine_url,
+                                                                      runtime):
+    started, killed = fake_children
+    monkeypatch.setattr(demo, "_wait_for_port", lambda *a: True)
+    monkeypatch.setattr(demo.time, "sleep", lambda s: (_ for _ in ()).throw(KeyboardInterrupt))
+    call_command("demo", engine_url=engine_url)
+    agents = [p.argv for p in started if "nodeagent" in p.argv]
+    assert len(agents) == 3
+    for argv in agents:
+        assert argv[argv.index("--runtime") + 1] == runtime
+        if engine_url:
+            assert argv[argv.index("--engine-url") + 1] == engine_url
+            assert argv[argv.index("--gpu-devices") + 1] == "none"
+    out = capsys.readouterr().out
+    assert out.count(f": {runtime} (") == 3, out
+    assert sorted(killed) == sorted(p.pid for p in started)

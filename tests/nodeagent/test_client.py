@@ -14,7 +14,7 @@ from websockets.datastructures import Headers
 from nodeagent import protocol
 from nodeagent.backends.simulated import SimulatedBackend
 from nodeagent.backoff import Backoff
-from nodeagent.client import EXIT_OK, EXIT_REJECTED, EXIT_REPLACED, Agent
+from nodeagent.client import Agent, EXIT_OK, EXIT_REJECTED, EXIT_REPLACED
 
 TOKEN = "node-token-1"
 
@@ -75,12 +75,13 @@ class Gateway:
 
 
 @contextlib.asynccontextmanager
-async def running(gateway, *, spec="h100-80gb:1,l4:1", interval=1.0):
+async def running(gateway, *, spec="h100-80gb:1,l4:1", interval=1.0, runtime=None):
     async with serve(gateway.handler, "127.0.0.1", 0, process_request=gateway.process_request) as server:
         port = server.sockets[0].getsockname()[1]
         backend = SimulatedBackend(spec, hostname="test-node", seed=1)
         agent = Agent(backend, server=f"ws://127.0.0.1:{port}/ws/agent/", token=TOKEN, interval=interval,
-                      backoff=Backoff(base=0.01, cap=0.05, rng=random.Random(1)), welcome_timeout=5)
+                      backoff=Backoff(base=0.01, cap=0.05, rng=random.Random(1)), welcome_timeout=5,
+                      runtime=runtime)
         task = asyncio.create_task(agent.run())
         try:
             yield agent, backend, task

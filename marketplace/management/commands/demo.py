@@ -41,15 +41,19 @@ class Command(BaseCommand):
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
         parser.add_argument("--no-agents", action="store_true", help="start no simulated agents")
+        parser.add_argument("--engine-url", default=os.environ.get("GPUMARKET_ENGINE_URL", ""),
+                            help="a container engine's API (Docker, or `podman system service`), e.g. "
+                                 "unix:///run/podman/podman.sock: the simulated servers then run buyers' containers "
+                                 "there for real (default $GPUMARKET_ENGINE_URL; none: a simulated runtime)")
         parser.add_argument("--stripe-port", type=int, default=8420,
                             help="loopback port of the local fake Stripe (localstripe) when STRIPE_SECRET_KEY is unset")
 
-    def handle(self, *args, host, port, no_agents, stripe_port, **opts):
+    def handle(self, *args, host, port, no_agents, stripe_port, engine_url, **opts):
         if not _port_free(host, port):
             raise CommandError(f"port {port} on {host} is in use: stop what runs there or pass --port")
         settings.VAR_DIR.mkdir(parents=True, exist_ok=True)
         call_command("migrate", interactive=False, verbosity=0)
-        nodes = demo_seed()
+        nodes = demo_seed(public_address=_loopback(host))
         py = sys.executable
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         logs = settings.VAR_DIR / "logs"
@@ -94,17 +98,25 @@ class Command(BaseCommand):
             start("beat", [py, "-m", "celery", "-A", "config", "beat", "--loglevel", "INFO"])
             if not _wait_for_port(host, port, time.monotonic() + 30):
                 raise CommandError(f"the web server did not start; see {logs / 'web.log'}")
+            # Buyers' containers: on the engine given (its published ports on loopback), else simulated.
+            runtime = (["--runtime", "docker", "--engine-url", engine_url, "--gpu-devices", "none",
+                        "--bind-address", _loopback(host)] if engine_url else ["--runtime", "simulated"])
             if not no_agents:
                 for spec, node, token in nodes:
                     start(f"agent-{spec.name}", [py, "-m", "nodeagent", "--server", f"ws://{host}:{port}/ws/agent/",
                                                  "--simulate", spec.simulate, "--hostname", f"{spec.name}.local",
-                                             "--busy-on-create", "0.8"],
+                                                 "--busy-on-create", "0.8", *runtime],
                           {"NODEAGENT_TOKEN": token})
             url = f"http://{host}:{port}/"
             self.stdout.write(self.style.SUCCESS(f"\nGPU Market is running at {url}"))
             for username, password, staff in DEMO_USERS:
                 self.stdout.write(f"  log in as {username:<9} password {password}{'   (operator: ' + url + 'admin/)' if staff else ''}")
-            self.stdout.write(f"  simulated servers: " + ", ".join(f"{s.name} ({s.simulate})" for s, _, _ in nodes))
+            self.stdout.write("  simulated servers and the runtime of each agent's containers:")
+            for spec, _, _ in nodes:
+                runtime_said = (f"docker (real containers on {engine_url})" if engine_url else
+                                "simulated (pass --engine-url, or set GPUMARKET_ENGINE_URL, for real containers)")
+                self.stdout.write(f"    {spec.name} ({spec.simulate}): "
+                                  f"{'no agent started' if no_agents else runtime_said}")
             if fake_stripe:
                 self.stdout.write(f"  payments: local fake Stripe at {env['STRIPE_API_BASE']} (card 4242424242424242"
                                   " pays, 4000000000000341 is declined)")
