@@ -7,6 +7,9 @@ from pathlib import Path
 
 import pytest
 
+# The real container engine and the test images, for tests/engine and the browser's workload flow.
+from tests.enginefix import busybox_image, engine, engine_node, engine_url, sshd_image  # noqa: F401
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

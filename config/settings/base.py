@@ -98,8 +98,11 @@ if REDIS_URL:
         "BACKEND": "channels_redis.core.RedisChannelLayer",
         # redis-py's asyncio pool holds 100 connections by default and raises when they are all busy; a web
         # process with hundreds of agent and console sockets has more group sends than that in flight.
+        # A socket timeout well above the layer's 5 s blocking receive (BZPOPMIN): redis-py 8 defaults to 5 s, which
+        # races the server's own 5 s answer and closed busy sockets every few seconds ("Timeout reading").
         "CONFIG": {"hosts": [{"address": REDIS_URL,
-                              "max_connections": env_int("REDIS_MAX_CONNECTIONS", 2000, minimum=10)}],
+                              "max_connections": env_int("REDIS_MAX_CONNECTIONS", 2000, minimum=10),
+                              "socket_timeout": 30, "socket_connect_timeout": 5}],
                    "capacity": 2000, "expiry": 30},
     }}
     CELERY_BROKER_URL = REDIS_URL

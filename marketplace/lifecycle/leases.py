@@ -42,7 +42,7 @@ from scheduler.services.slices import slice_destroy
 SIBLING_FAILED = "another GPU of the order failed"
 # Why a reserved window's lease can be lost through no fault of its holder: the window is placed again for
 # the rest of its span and the time it was not delivered is refunded pro rata.
-LOST_REASONS = ("node offline", "provisioning failed")
+LOST_REASONS = ("node offline", "provisioning failed", "instance lost on the node")
 RUNNING_STATES = (Lease.State.RUNNING, Lease.State.PROVISIONING, Lease.State.INTERRUPTING)
 
 
@@ -154,13 +154,23 @@ def slice_ready(*, sl: Slice, at: datetime) -> None:
 # --- failing ---------------------------------------------------------------------------------------------------
 
 def slice_failed(*, sl: Slice, at: datetime, reason: str) -> None:
-    """Carving failed: the capacity is free again; the lease failed, anything charged for it is refunded, a
-    k-GPU order's other GPUs end too, and a queue-or-fail order goes back to the queue or fails."""
+    """The slice failed. While carving (the lease provisioning): the capacity is free again; the lease failed,
+    anything charged for it is refunded, a k-GPU order's other GPUs end too, and a queue-or-fail order goes back
+    to the queue or fails. Under a running lease (its instance vanished from the node, found when the agent
+    reconnected): the platform lost it; billed up to now, its container stopped, ended, and a reserved window
+    placed again for the rest of its span. Under an ending lease: nothing is left to destroy; it has ended."""
     with transaction.atomic():
         # Lock the lease: the race is the buyer ending it while the agent's failure arrives.
         lease = Lease.objects.select_for_update().filter(slice=sl, state__in=Lease.OPEN_STATES).first()
-        if lease is not None:
+        if lease is None:
+            return
+        if lease.state == Lease.State.PROVISIONING:
             _fail(lease, at=at, reason=reason, destroy_slice=False, requeue=True)
+        elif lease.state in (Lease.State.RUNNING, Lease.State.INTERRUPTING):
+            _stop(lease, reason="instance lost on the node", at=at)
+            _window_lost(lease)
+        else:
+            _ended(lease, at=at)
 
 
 def _fail(lease: Lease, *, at: datetime, reason: str, destroy_slice: bool, requeue: bool) -> None:
@@ -176,6 +186,7 @@ def _fail(lease: Lease, *, at: datetime, reason: str, destroy_slice: bool, reque
         # would fail again; the window's unused time is refunded when it ends.)
         _window_lost(lease)
     _refund_usage(lease.pk, memo=f"provisioning failed: {reason}")
+    workloads.stop(lease, grace_seconds=0)  # a container still being pulled or started there goes too
     if destroy_slice:
         slice_destroy(slice_id=lease.slice_id)
     if lease.order_id and lease.mode in (Mode.ON_DEMAND, Mode.SPOT) and not sibling_ended:
@@ -236,7 +247,15 @@ def _stop(lease: Lease, *, reason: str, at: datetime, grace_seconds: float | Non
     # Its container goes first (the agent reports it removed, and the slice is destroyed then); a lease without
     # one destroys its slice now, which may end the lease at once (nothing carved yet).
     if not workloads.stop(lease, grace_seconds=grace_seconds):
-        slice_destroy(slice_id=lease.slice_id)
+        _destroy_slice(lease, at=at)
+
+
+def _destroy_slice(lease: Lease, *, at: datetime) -> None:
+    """Destroy the ending lease's slice; the agent's confirmation ends the lease (slice_destroyed). A slice with
+    nothing carved, or gone already (failed, destroyed), is confirmed by nobody: the lease ends now."""
+    sl = slice_destroy(slice_id=lease.slice_id)
+    if sl.state in (Slice.State.DESTROYED, Slice.State.FAILED):
+        slice_destroyed(sl=sl, at=sl.ended_at or at)
 
 
 def lease_end(*, lease_id, reason: str = "ended by the buyer", buyer=None, at: datetime | None = None) -> Lease:
@@ -255,18 +274,22 @@ def slice_destroyed(*, sl: Slice, at: datetime) -> None:
     with transaction.atomic():
         # Lock the lease: the race is a second destroy confirmation or the beat ending it at the same time.
         lease = Lease.objects.select_for_update().filter(slice=sl, state__in=Lease.OPEN_STATES).first()
-        if lease is None:
-            return
-        if lease.state == Lease.State.RUNNING:
-            metering.settle(lease, now=at)  # gone under it: billed up to now, then over
-        lease.state = Lease.State.ENDED
-        lease.ended_at = lease.ended_at or at
-        lease.end_reason = lease.end_reason or "instance destroyed"
-        lease.save(update_fields=["state", "ended_at", "end_reason"])
-        event = _event(lease, "lease_ended", reason=lease.end_reason)
-        events.tell_buyer(lease.buyer_id, event)
-        events.notify_webhook(user_id=lease.buyer_id, kind="lease_ended", payload=event,
-                              order_webhook=_order_webhook(lease))
+        if lease is not None:
+            _ended(lease, at=at)
+
+
+def _ended(lease: Lease, *, at: datetime) -> None:
+    """The lease's slice is gone: it has ended (locked by the caller)."""
+    if lease.state == Lease.State.RUNNING:
+        metering.settle(lease, now=at)  # gone under it: billed up to now, then over
+    lease.state = Lease.State.ENDED
+    lease.ended_at = lease.ended_at or at
+    lease.end_reason = lease.end_reason or "instance destroyed"
+    lease.save(update_fields=["state", "ended_at", "end_reason"])
+    event = _event(lease, "lease_ended", reason=lease.end_reason)
+    events.tell_buyer(lease.buyer_id, event)
+    events.notify_webhook(user_id=lease.buyer_id, kind="lease_ended", payload=event,
+                          order_webhook=_order_webhook(lease))
 
 
 def node_offline(*, node_id, at: datetime) -> None:
@@ -430,7 +453,7 @@ def workload_state(*, node_id, frame: dict) -> None:
         elif state == "failed" and lease.state in (Lease.State.RUNNING, Lease.State.INTERRUPTING):
             _stop(lease, reason="container failed", at=at)
         elif state == "removed" and lease.state == Lease.State.ENDING:
-            slice_destroy(slice_id=lease.slice_id)
+            _destroy_slice(lease, at=at)
         elif state == "removed" and lease.state in (Lease.State.RUNNING, Lease.State.INTERRUPTING):
             _stop(lease, reason="container removed on the node", at=at)
         workloads.announce(run, lease)
@@ -498,4 +521,4 @@ def workload_command_finished(*, command) -> None:
             _fail(lease, at=timezone.now(), reason=f"the workload did not start: {command.error_message}",
                   destroy_slice=True, requeue=False)
         elif command.op == "stop_workload" and lease.state == Lease.State.ENDING:
-            slice_destroy(slice_id=lease.slice_id)
+            _destroy_slice(lease, at=timezone.now())

@@ -92,7 +92,7 @@ def start(lease: Lease) -> WorkloadRun:
 def stop(lease: Lease, *, grace_seconds: float | None = None) -> bool:
     """Ask the agent to stop and remove the lease's container (SIGTERM, the grace, the kill); False when there is
     none to stop (never started, failed, removed already): the caller destroys the slice at once."""
-    run = run_of(lease)
+    run = WorkloadRun.objects.filter(lease=lease).first()  # as it is now (never a copy loaded earlier)
     if run is None or run.state in WorkloadRun.DONE_STATES:
         return False
     grace = market("WORKLOAD_STOP_GRACE_SECONDS") if grace_seconds is None else grace_seconds

@@ -6,18 +6,21 @@ The container gets the lease's GPU only: on an NVIDIA host the MIG device (or th
 Container Toolkit — the CDI device `nvidia.com/gpu=<uuid>` (`--gpu-devices cdi`, the default), which the Engine API
 takes as a device request of driver "cdi" (Docker 25+ with CDI on, the default from 28.2; Podman 5.4+), or an
 "nvidia" device request for the UUID (`--gpu-devices request`, Docker with the toolkit's runtime) — plus
-NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES; `--gpu-devices none` attaches nothing (simulated GPUs). A Podman
-that would drop the request (older than 5.4, or any for "nvidia" requests) and run the container without its GPU
-is refused a GPU workload with that reason. Its CPU and memory limits come from the slice's share of the GPU (the node's
-CPUs and RAM per GPU, sent by the server), its disk from the spec where the storage driver supports a size; it
-runs unprivileged with no-new-privileges, its ports published on the agent's bind address, and it is labelled
-with its lease and node. The buyer's SSH keys are written to /root/.ssh/authorized_keys before it starts (and are
-in SSH_PUBLIC_KEYS for images that read them from the environment).
+NVIDIA_VISIBLE_DEVICES / CUDA_VISIBLE_DEVICES; `--gpu-devices none` attaches nothing (simulated GPUs). On a Podman
+that would drop the request and run the container without its GPU (older than 5.4, or any for "nvidia"
+requests), GPU workloads fail with that reason.
+
+Its CPU and memory limits come from the slice's share of the GPU (the node's CPUs and RAM per GPU, sent by the
+server), its disk from the spec where the storage driver supports a size; it runs unprivileged with
+no-new-privileges, its ports published on the agent's bind address, and it is labelled with its lease and node.
+The buyer's SSH keys are written to /root/.ssh/authorized_keys before it starts, root's alone as sshd and dropbear
+insist (and are in SSH_PUBLIC_KEYS for images that read them from the environment).
 
 Its output goes to the server in chunks of at most LOG_CHUNK_BYTES, each within LOG_FLUSH_SECONDS of its first
-byte, and its exit with the engine's code and times. A container that exits at once is reported running, then
-exited, like any other. An agent that restarts adopts its running containers and streams their output from then
-on (what they wrote while no agent watched stays in the engine's log).
+byte, and its exit with the engine's code and times. One that is done by the time it has started is reported
+running, then exited, when its code is 0 (a short job), and failed with its last lines otherwise. An agent that
+restarts adopts its running containers and streams their output from then on (what they wrote while no agent
+watched stays in the engine's log).
 """
 from __future__ import annotations
 
@@ -224,10 +227,19 @@ class DockerRuntime(Runtime):
         except self._engine_errors as exc:  # a missing command, a port taken, the engine gone
             self._remove_quietly(container_name(spec.lease))
             raise self._fail(spec.lease, f"the container did not start: {_why(exc)}")
-        # A container that has exited already (a short job, a crash) is reported like any other: running from
-        # its start, then its exit with its code and its output, by the watcher.
-        state(self.report, spec.lease, "running", container=container.id,
-              at=_ts(container.attrs.get("State", {}).get("StartedAt")))
+        st = container.attrs.get("State", {})
+        if st.get("Status") != "running" and st.get("ExitCode"):
+            # It died at start (a bad argument, a crash): a failure, with the code and its own last words.
+            try:
+                tail = container.logs(tail=20).decode("utf-8", "replace").strip()[-1500:]
+            except self._engine_errors:
+                tail = ""
+            self._remove_quietly(container_name(spec.lease))
+            raise self._fail(spec.lease, f"the container exited at start with code {st['ExitCode']}"
+                                         + (f": {tail}" if tail else ""))
+        # One that is done already with code 0 (a short job) is reported like any other: running from its start,
+        # then, by the watcher, its output and its exit.
+        state(self.report, spec.lease, "running", container=container.id, at=_ts(st.get("StartedAt")))
         self._watch(spec.lease, container)
         return {"container": container.id, "state": "running"}
 

@@ -187,6 +187,7 @@ def _reconcile_instances(*, gpu: Gpu, geometry, reported: list[dict], now: datet
             sl.state, sl.ended_at = Slice.State.FAILED, now
             sl.error = "instance not reported by the agent after reconnecting"
             sl.save(update_fields=["state", "ended_at", "error"])
+            market().slice_failed(sl=sl, at=now, reason=sl.error)  # its lease lost it
         elif sl.state == Slice.State.DESTROYING and sl.instance_uuid:
             # A destroy that timed out (the node was away) left the slice holding its memory slices.
             if sl.instance_uuid not in seen:

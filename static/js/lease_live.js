@@ -96,13 +96,20 @@
     }
   });
 
+  // While the lease is in passage (carved, its container started, torn down), re-read its facts every 2 s.
+  const changed = () => document.body.dispatchEvent(new Event("lease-changed"));
+  setInterval(() => {
+    if (document.querySelector("#lease-state.provisioning, #lease-state.ending")) changed();
+  }, 2000);
+
   window.consoleSocket({ lease: leaseId }, stateEl, (msg) => {
-    if (msg.type === "subscribed") document.body.dispatchEvent(new Event("lease-changed")); // anything missed before
+    // Subscribed: anything missed before; refused: the lease may have ended before the page subscribed.
+    if (msg.type === "subscribed" || msg.type === "error") changed();
     else if (msg.type === "metrics") onMetrics(msg);
     else if (msg.type === "market" && msg.event && msg.event.lease === leaseId) {
       if (msg.event.type === "lease_log") { appendLog(msg.event.data); return; }
       if (msg.event.type === "interruption") showNotice(msg.event);
-      document.body.dispatchEvent(new Event("lease-changed"));
+      changed();
     }
   });
 })();

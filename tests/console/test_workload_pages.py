@@ -40,6 +40,8 @@ def test_ordering_a_template_runs_its_container_and_the_lease_page_shows_how_to_
     r = client.post("/order/", {**ORDER, "workload": "jupyter"})
     lease = Lease.objects.get(buyer=buyer)
     assert r.status_code == 302 and r["Location"] == f"/leases/{lease.pk}/"
+    # Before its slice is carved the page already has the place its output will stream into.
+    assert 'id="log-tail"' in client.get(r["Location"]).content.decode()
     fleet.play()
     fleet.output(lease, "[I 12:00:00 ServerApp] Jupyter Server is running\n")
     html = client.get(r["Location"]).content.decode()

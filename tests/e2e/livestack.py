@@ -56,7 +56,7 @@ def wait_until(predicate, *, timeout: float, interval: float = 0.1, what: str = 
 class LiveStack:
     def __init__(self, tmp: Path, *, nodes: list[tuple[str, str]], env: dict | None = None,
                  celery: bool = True, agent_interval: float = 1.0,
-                 start_agents: bool = True, web_args: tuple[str, ...] = ()):
+                 start_agents: bool = True, web_args: tuple[str, ...] = (), agent_args: tuple[str, ...] = ()):
         self.tmp = tmp
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -65,6 +65,7 @@ class LiveStack:
         self.agent_interval = agent_interval
         self.start_agents = start_agents
         self.web_args = tuple(web_args)
+        self.agent_args = tuple(agent_args)  # e.g. the container runtime: --runtime docker --engine-url ...
         base = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
         self.env = {**base, "DJANGO_SETTINGS_MODULE": "config.settings.dev", "DJANGO_DEBUG": "1",
                     "GPUMARKET_VAR_DIR": str(tmp), "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING",
@@ -108,7 +109,8 @@ class LiveStack:
         program, *prefix = command
         return self._spawn(f"agent-{node['name']}", [
             *prefix, "--server", f"ws://127.0.0.1:{self.port}/ws/agent/", "--simulate", node["simulate"],
-            "--hostname", f"{node['name']}.e2e", "--interval", str(self.agent_interval), "--seed", "7"],
+            "--hostname", f"{node['name']}.e2e", "--interval", str(self.agent_interval), "--seed", "7",
+            *self.agent_args],
             {"NODEAGENT_TOKEN": node["token"], **(env or {})}, program=program)
 
     def _port_open(self) -> bool:
@@ -119,10 +121,11 @@ class LiveStack:
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", port)) == 0
 
-    def api(self, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    def api(self, method: str, path: str, body: dict | None = None, *, key: str | None = None) -> tuple[int, dict]:
+        """Call the REST API as the seeded provider, or as whoever `key` (an API key) belongs to."""
         req = urllib.request.Request(self.url + path, method=method,
                                      data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Authorization": f"Bearer {self.seed['api_key']}",
+                                     headers={"Authorization": f"Bearer {key or self.seed['api_key']}",
                                               "Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=10) as resp:

@@ -404,3 +404,34 @@ def test_the_api_places_an_order_with_a_workload_shows_its_state_connection_and_
     assert api.delete(f"/api/v1/ssh-keys/{key_id}/").status_code == 204
     other = api_for(UserFactory())
     assert other.get(f"/api/v1/leases/{lease_id}/logs/").status_code == 404
+
+
+def test_an_instance_gone_from_the_node_ends_its_running_lease_billed_up_to_then_and_stops_its_container(fleet):
+    node = fleet.node("a100-80gb:1")
+    buyer = UserFactory()
+    top_up(buyer, "100")
+    lease = place(buyer, WorkloadSpec(image="img:1"), memory_gb=10).leases.get()
+    fleet.play()
+    lease.refresh_from_db()
+    # The agent comes back without the instance (a GPU reset, a reboot): its lease lost it.
+    fleet.backends[node.pk].destroy_instance(lease.slice.gpu.uuid, lease.slice.instance_uuid)
+    fleet.restart(node)
+    fleet.play()
+    lease.refresh_from_db()
+    assert lease.state == Lease.State.ENDED and lease.end_reason == "instance lost on the node"
+    assert lease.slice.state == Slice.State.FAILED and lease.run.state == WorkloadRun.State.REMOVED
+    assert fleet.runtimes[node.pk].found() == []
+    assert ledger_check() == []
+
+
+def test_an_ending_lease_whose_slice_is_gone_already_ends_instead_of_waiting_forever(fleet):
+    fleet.node("a100-80gb:1")
+    buyer = UserFactory()
+    top_up(buyer, "100")
+    lease = place(buyer, None, memory_gb=10).leases.get()
+    fleet.play()
+    lease.refresh_from_db()
+    Slice.objects.filter(pk=lease.slice_id).update(state=Slice.State.FAILED)  # lost while nobody looked
+    leases.lease_end(lease_id=lease.pk, buyer=buyer)
+    lease.refresh_from_db()
+    assert lease.state == Lease.State.ENDED
