@@ -10,17 +10,6 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
-@app.on_after_configure.connect
-def _ensure_embedded_broker_dirs(sender, **kwargs):
-    # The filesystem transport does not create its folders.
-    from pathlib import Path
-
-    for key in ("data_folder_in", "data_folder_out", "control_folder"):
-        folder = (sender.conf.broker_transport_options or {}).get(key)
-        if folder:
-            Path(folder).mkdir(parents=True, exist_ok=True)
-
-
 def _route_events_through_outbox(**kwargs):
     # An in-memory channel layer exists once per process: the worker's and beat's are not the web's.
     from django.conf import settings

@@ -110,15 +110,13 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "config.channel_layers.FastInMemoryChannelLayer",
                                   "CONFIG": {"capacity": 2000, "expiry": 30}}}
-    # The embedded broker: messages are files under var/celery, shared by web, worker and beat.
-    _celery_dir = VAR_DIR / "celery"
+    # The embedded broker (config/broker.py): messages are files under var/celery, shared by web, worker and
+    # beat; every step another process can see is one atomic rename, and a dead worker's messages come back.
+    from config.broker import broker_folders
+
     CELERY_BROKER_URL = "filesystem://"
-    CELERY_BROKER_TRANSPORT_OPTIONS = {
-        "data_folder_in": str(_celery_dir / "queue"),
-        "data_folder_out": str(_celery_dir / "queue"),
-        "control_folder": str(_celery_dir / "control"),
-        "store_processed": False,
-    }
+    CELERY_BROKER_TRANSPORT = "config.broker:Transport"
+    CELERY_BROKER_TRANSPORT_OPTIONS = broker_folders(VAR_DIR / "celery")
 CELERY_TASK_ALWAYS_EAGER = False
 CELERY_TASK_ACKS_LATE = True  # tasks are guarded by state checks, so a redelivery is harmless
 CELERY_TASK_IGNORE_RESULT = True
