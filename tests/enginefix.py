@@ -108,14 +108,20 @@ def engine_node() -> str:
 
 
 def remove_ours(client, node: str) -> None:
+    from nodeagent.runtime.docker import listed_containers
+
+    for listed in listed_containers(client, {"label": f"{LABEL_NODE}={node}"}):
+        if LABEL_LEASE in listed["labels"]:
+            remove_quietly(client, listed["id"])
+
+
+def remove_quietly(client, container_id: str) -> None:
     import docker
 
-    for container in client.containers.list(all=True, filters={"label": f"{LABEL_NODE}={node}"}):
-        if LABEL_LEASE in (container.labels or {}):
-            try:
-                container.remove(v=True, force=True)
-            except docker.errors.NotFound:
-                pass
+    try:
+        client.api.remove_container(container_id, v=True, force=True)
+    except docker.errors.APIError:  # already gone (Podman may answer a 500 for a container removed meanwhile)
+        pass
 
 
 @pytest.fixture(scope="session")

@@ -406,22 +406,23 @@ class DockerRuntime(Runtime):
 
     def found(self) -> list[dict[str, Any]]:
         out = []
-        for container in self.client.containers.list(all=True, filters={"name": NAME_PREFIX}):
-            if not container.name.startswith(NAME_PREFIX):
+        for listed in listed_containers(self.client, {"name": NAME_PREFIX}):
+            name, labels = listed["name"], listed["labels"]
+            if not name.startswith(NAME_PREFIX):
                 continue
-            labels = container.labels or {}
             lease = labels.get(LABEL_LEASE)
-            if not lease or container.name != container_name(lease):
-                log.warning("removing %s: a leftover in this agent's namespace without its labels", container.name)
-                self._remove_quietly(container.name)
+            if not lease or name != container_name(lease):
+                log.warning("removing %s: a leftover in this agent's namespace without its labels", name)
+                self._remove_quietly(name)
                 continue
             if labels.get(LABEL_NODE) not in (self.node, None, ""):
                 continue  # another node's agent on the same engine
-            status = container.attrs.get("State", {}).get("Status", container.status)
-            out.append({"lease": lease, "container": container.id,
-                        "state": "running" if status == "running" else "exited"})
-            if status == "running":
-                self._watch(lease, container, since=time.time())
+            running = listed["state"] == "running"
+            out.append({"lease": lease, "container": listed["id"], "state": "running" if running else "exited"})
+            if running:
+                container = self._container(lease)
+                if container is not None:  # else it went between the listing and now: its watcher is not needed
+                    self._watch(lease, container, since=time.time())
         return out
 
     def close(self) -> None:
@@ -430,3 +431,12 @@ class DockerRuntime(Runtime):
             self.client.close()
         except Exception:
             pass
+
+
+def listed_containers(client, filters: dict) -> list[dict[str, Any]]:
+    """Containers as the engine lists them (id, name, labels, state), without inspecting each one: the SDK's
+    `containers.list` inspects every container it listed, and one removed meanwhile fails the whole listing
+    (Podman answers that with a 500, which the SDK's `ignore_removed` does not catch)."""
+    return [{"id": c["Id"], "name": (c.get("Names") or [""])[0].lstrip("/"), "labels": c.get("Labels") or {},
+             "state": c.get("State") or ""}
+            for c in client.api.containers(all=True, filters=filters)]

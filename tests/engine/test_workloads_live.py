@@ -12,12 +12,14 @@ import uuid
 from datetime import datetime
 from decimal import Decimal
 
+import docker
 import pytest
 
 from nodeagent.runtime.base import LABEL_LEASE, LABEL_NODE, container_name
+from nodeagent.runtime.docker import listed_containers
 from tests.e2e.livestack import LiveStack, wait_until
 from tests.engine.images import INDEX_HTML
-from tests.enginefix import free_port_block, ssh, ssh_keypair
+from tests.enginefix import free_port_block, remove_quietly, ssh, ssh_keypair
 
 pytestmark = [pytest.mark.e2e]
 
@@ -112,8 +114,14 @@ class Live:
 
     def containers(self, lease_id: str | None = None) -> list:
         label = f"{LABEL_LEASE}={lease_id}" if lease_id else LABEL_LEASE
-        return [c for c in self.engine.containers.list(all=True, filters={"label": label})
-                if c.labels.get(LABEL_NODE) in HOSTS]
+        found = []
+        for listed in listed_containers(self.engine, {"label": label}):
+            if listed["labels"].get(LABEL_NODE) in HOSTS:
+                try:
+                    found.append(self.engine.containers.get(listed["id"]))
+                except docker.errors.APIError:  # removed since it was listed (Podman: a 500, not a 404)
+                    pass
+        return found
 
 
 def slice_order(workload: dict, **extra) -> dict:
@@ -144,9 +152,9 @@ def live(tmp_path_factory, engine_url, engine, busybox_image, sshd_image):
         raise
     finally:
         stack.stop()
-        for c in engine.containers.list(all=True, filters={"label": LABEL_LEASE}):
-            if c.labels.get(LABEL_NODE) in HOSTS:
-                c.remove(v=True, force=True)
+        for listed in listed_containers(engine, {"label": LABEL_LEASE}):
+            if listed["labels"].get(LABEL_NODE) in HOSTS:
+                remove_quietly(engine, listed["id"])
 
 
 def test_http_and_ssh_reach_their_containers_on_distinct_host_ports_and_ending_leaves_nothing(live):
