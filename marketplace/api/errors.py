@@ -33,7 +33,7 @@ def exception_handler(exc, context):
     if isinstance(exc, OperationalError):
         # The database is busy or away (no pooled connection free within DB_POOL_TIMEOUT, a connection killed,
         # a server restarting): the request did not happen, and the same request a moment later may.
-        return Response({"error": {"code": "unavailable",
+        return Response({"error": {"code": "service_unavailable",
                                    "message": "the service is busy or its database is unreachable; retry shortly"}},
                         status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     if isinstance(exc, (Http404, ObjectDoesNotExist)):

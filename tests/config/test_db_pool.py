@@ -86,7 +86,7 @@ def test_a_burst_beyond_the_pool_gets_503s_with_retry_after_and_every_connection
         assert 503 in statuses and 200 in statuses  # exhausted, and those holding a connection finished
         for status, body, retry_after in answers:
             if status == 503:
-                assert body["error"]["code"] == "unavailable" and "retry" in body["error"]["message"]
+                assert body["error"]["code"] == "service_unavailable" and "retry" in body["error"]["message"]
                 assert retry_after is not None and int(retry_after) > 0
 
         # Back to the pool: as many requests again, one after another, each gets a connection; the server holds
