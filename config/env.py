@@ -125,8 +125,33 @@ def env_log_level(name: str, default: str) -> str:
     return value
 
 
-def database_from_url(name: str, url: str) -> dict:
-    """Django DATABASES entry from postgres://user:pass@host:port/db or sqlite:///path."""
+class DbPool:
+    """A web or worker process's PostgreSQL connections (docs/deployment.md: processes x max_size must stay under
+    the server's max_connections less a reserve). max_size 0: no pool in the process, a PgBouncer pools instead."""
+
+    def __init__(self, *, min_size: int = 2, max_size: int = 10, timeout: float = 10.0, max_idle: float = 60.0):
+        self.min_size, self.max_size, self.timeout, self.max_idle = min_size, max_size, timeout, max_idle
+
+    @classmethod
+    def from_env(cls) -> "DbPool":
+        max_size = env_int("DB_POOL_MAX", 10, minimum=0, maximum=1000)
+        min_size = env_int("DB_POOL_MIN", min(2, max_size), minimum=0, maximum=1000)
+        if min_size > max_size:
+            raise ImproperlyConfiguredEnv("DB_POOL_MIN", f"{min_size} is above DB_POOL_MAX {max_size}")
+        return cls(min_size=min_size, max_size=max_size,
+                   timeout=env_float("DB_POOL_TIMEOUT", 10.0, minimum=0.1, maximum=600))
+
+    def options(self) -> dict:
+        # Connections above min_size that sat idle this long are closed: a burst's connections do not stay open.
+        return {"min_size": self.min_size, "max_size": self.max_size, "timeout": self.timeout,
+                "max_idle": self.max_idle}
+
+
+def database_from_url(name: str, url: str, *, pool: DbPool | None = None) -> dict:
+    """Django DATABASES entry from postgres://user:pass@host:port/db or sqlite:///path.
+
+    PostgreSQL connections come from a psycopg pool per process (`pool`, default DbPool()); a connection goes back
+    to it at the end of each request or task (CONN_MAX_AGE 0), so idle ones are not held per thread."""
     parsed = urlparse(url)
     if parsed.scheme in ("postgres", "postgresql", "pgsql"):
         if not parsed.path or parsed.path == "/":
@@ -136,6 +161,9 @@ def database_from_url(name: str, url: str) -> dict:
         except ValueError:
             raise ImproperlyConfiguredEnv(name, "the port is not a number") from None
         options = {k: v[-1] for k, v in parse_qs(parsed.query).items()}
+        pool = pool or DbPool()
+        if pool.max_size:
+            options["pool"] = pool.options()
         return {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": unquote(parsed.path[1:]),
@@ -144,8 +172,13 @@ def database_from_url(name: str, url: str) -> dict:
             "HOST": parsed.hostname or "",
             "PORT": str(port or ""),
             "OPTIONS": options,
-            "CONN_MAX_AGE": 60,
-            "CONN_HEALTH_CHECKS": True,
+            # Under ASGI every request runs in its own thread: persistent connections (CONN_MAX_AGE > 0) piled
+            # up one per thread until PostgreSQL refused clients. With the pool, closing returns a connection to it.
+            "CONN_MAX_AGE": 0,
+            "CONN_HEALTH_CHECKS": True,  # the pool checks a connection before lending it (a killed backend)
+            # Without a pool a PgBouncer in transaction mode sits between: a server-side cursor would outlive the
+            # transaction that PgBouncer gave its server connection for.
+            "DISABLE_SERVER_SIDE_CURSORS": not pool.max_size,
         }
     if parsed.scheme == "sqlite":
         path = url[len("sqlite:///"):] if url.startswith("sqlite:///") else ""
@@ -153,6 +186,21 @@ def database_from_url(name: str, url: str) -> dict:
             raise ImproperlyConfiguredEnv(name, "use sqlite:///relative/path.db or sqlite:////absolute/path.db")
         return {"ENGINE": "django.db.backends.sqlite3", "NAME": path}
     raise ImproperlyConfiguredEnv(name, f"unsupported scheme {parsed.scheme!r}: use postgres:// or sqlite:///")
+
+
+_HEADER = re.compile(r"^([A-Za-z0-9-]+)\s*:\s*(\S+)$")
+
+
+def proxy_ssl_header(name: str) -> tuple[str, str] | None:
+    """Django's SECURE_PROXY_SSL_HEADER from "X-Forwarded-Proto: https" (unset: None, requests are as they came)."""
+    value = _raw(name)
+    if value is None:
+        return None
+    match = _HEADER.match(value)
+    if not match:
+        raise ImproperlyConfiguredEnv(name, f"expected a header and the value that means https, like "
+                                            f"'X-Forwarded-Proto: https', got {value!r}")
+    return "HTTP_" + match.group(1).upper().replace("-", "_"), match.group(2)
 
 
 def redis_url(name: str) -> str | None:

@@ -30,6 +30,14 @@ def _server_url(text: str) -> str:
     return text
 
 
+def _server_urls(text: str) -> list[str]:
+    """One URL, or several separated by commas: the agent tries the next when one fails."""
+    urls = [_server_url(part.strip()) for part in text.split(",") if part.strip()]
+    if not urls:
+        raise argparse.ArgumentTypeError(f"{text!r} names no server")
+    return urls
+
+
 def _interval(text: str) -> float:
     try:
         value = float(text)
@@ -69,8 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m nodeagent",
         description="GPU Market node agent: reports this server's GPUs, carves MIG slices on command and "
                     "streams metrics to the marketplace.")
-    parser.add_argument("--server", type=_server_url, required=True,
-                        help="agent gateway URL, e.g. ws://HOST:8000/ws/agent/")
+    parser.add_argument("--server", dest="servers", type=_server_urls, action="extend", metavar="URL[,URL...]",
+                        help="agent gateway URL, e.g. ws://HOST:8000/ws/agent/ (default: $NODEAGENT_SERVER); repeat "
+                             "it or separate URLs by commas to name several web processes: on a failure the agent "
+                             "tries the next")
     parser.add_argument("--token", default=None,
                         help="this node's agent token (default: $NODEAGENT_TOKEN; prefer the variable, "
                              "command lines are visible to other users)")
@@ -130,6 +140,11 @@ def make_runtime(args: argparse.Namespace) -> Runtime:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if not args.servers:
+        try:
+            args.servers = _server_urls(os.environ.get("NODEAGENT_SERVER", ""))
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"no server: pass --server URL or set NODEAGENT_SERVER ({exc})")
     token = args.token if args.token is not None else os.environ.get("NODEAGENT_TOKEN", "")
     if not token.strip():
         parser.error("no token: pass --token or set NODEAGENT_TOKEN")
@@ -158,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_NO_NVML
         log.info("containers run on %s", getattr(runtime, "engine", runtime.name))
         try:
-            return asyncio.run(_serve(backend, runtime, server=args.server, token=token.strip(),
+            return asyncio.run(_serve(backend, runtime, servers=args.servers, token=token.strip(),
                                       interval=args.interval))
         finally:
             runtime.close()
@@ -166,9 +181,9 @@ def main(argv: list[str] | None = None) -> int:
         backend.close()
 
 
-async def _serve(backend: Backend, runtime: Runtime, *, server: str, token: str, interval: float) -> int:
+async def _serve(backend: Backend, runtime: Runtime, *, servers: list[str], token: str, interval: float) -> int:
     from .client import Agent
-    agent = Agent(backend, server=server, token=token, interval=interval, runtime=runtime)
+    agent = Agent(backend, server=servers, token=token, interval=interval, runtime=runtime)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:

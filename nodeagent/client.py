@@ -1,7 +1,8 @@
 """The agent's websocket client: handshake, one metrics frame per interval, commands, reconnects.
 
 One asyncio process. Backend calls may block (NVML talks to the driver), so they run in threads. The
-connection is retried forever with jittered exponential backoff, except when the server says the token is
+connection is retried forever with jittered exponential backoff (given several server URLs, each retry goes to
+the next: a web process that is gone leaves its agents to the others), except when the server says the token is
 not accepted (close code 4401/4403, or HTTP 401/403 on the handshake) or that a newer connection of the
 same node replaced this one (4409: the same token runs on two machines): retrying cannot fix either, so the
 agent stops with a clear message and a non-zero exit.
@@ -13,6 +14,7 @@ import logging
 import math
 import time
 from collections import deque
+from collections.abc import Sequence
 from typing import Any
 
 from websockets.asyncio.client import ClientConnection, connect
@@ -49,10 +51,14 @@ OUTBOX_MAX = 4000  # frames kept while disconnected; log chunks go first when it
 
 
 class Agent:
-    def __init__(self, backend: Backend, *, server: str, token: str, interval: float = 1.0,
+    def __init__(self, backend: Backend, *, server: str | Sequence[str], token: str, interval: float = 1.0,
                  backoff: Backoff | None = None, welcome_timeout: float = 15.0, runtime: Runtime | None = None):
+        """`server`: the gateway's URL, or several (web processes, or sites) tried in turn."""
         self.backend = backend
-        self.server = server
+        self.servers = (server,) if isinstance(server, str) else tuple(server)
+        if not self.servers:
+            raise ValueError("an agent needs at least one server URL")
+        self._server_index = 0
         self.token = token
         self.interval = interval
         self.backoff = backoff or Backoff()
@@ -86,6 +92,16 @@ class Agent:
         self._outbox.append(frame)
         self._outbox_ready.set()
 
+    @property
+    def server(self) -> str:
+        """The URL this agent is connected to, or will try next."""
+        return self.servers[self._server_index]
+
+    def _fail_over(self) -> None:
+        if len(self.servers) > 1:
+            self._server_index = (self._server_index + 1) % len(self.servers)
+            log.info("trying %s next", self.server)
+
     def stop(self) -> None:
         self._stop.set()
 
@@ -118,6 +134,7 @@ class Agent:
                 log.exception("session with %s failed", self.server)
             if self._stop.is_set():
                 break
+            self._fail_over()
             delay = self.backoff.next_delay()
             log.info("reconnecting in %.1fs", delay)
             await self._until_stopped(asyncio.sleep(delay))

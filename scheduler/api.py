@@ -1,6 +1,8 @@
 """REST API of the fleet: nodes (register, token shown once), GPUs (cordon/uncordon), slices."""
 from __future__ import annotations
 
+import shlex
+
 from django.db import transaction
 from drf_spectacular.utils import extend_schema
 from rest_framework import mixins, serializers, status, viewsets
@@ -141,8 +143,11 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
 
 
 def agent_command_line(request, token: str) -> str:
+    """The command that starts this node's agent, token in its environment (a command line is visible to every
+    user of the server); wss:// when the request came over TLS (behind a proxy: DJANGO_SECURE_PROXY_SSL_HEADER)."""
     scheme = "wss" if request.is_secure() else "ws"
-    return f"python -m nodeagent --server {scheme}://{request.get_host()}/ws/agent/ --token {token}"
+    return (f"NODEAGENT_TOKEN={shlex.quote(token)} python -m nodeagent "
+            f"--server {scheme}://{request.get_host()}/ws/agent/")
 
 
 class GpuViewSet(viewsets.ReadOnlyModelViewSet):

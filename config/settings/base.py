@@ -8,8 +8,8 @@ from __future__ import annotations
 from decimal import Decimal
 from pathlib import Path
 
-from config.env import (database_from_url, env_bool, env_decimal, env_float, env_int, env_int_list, env_list,
-                        env_log_level, env_rate, env_str, redis_url)
+from config.env import (DbPool, database_from_url, env_bool, env_decimal, env_float, env_int, env_int_list,
+                        env_list, env_log_level, env_rate, env_str, proxy_ssl_header, redis_url)
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(env_str("GPUMARKET_VAR_DIR", str(BASE_DIR / "var")))
@@ -22,6 +22,19 @@ if not SECRET_KEY:
     raise ImproperlyConfiguredEnv("DJANGO_SECRET_KEY", "must be set when DJANGO_DEBUG is off")
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+# --- TLS (docs/deployment.md) ------------------------------------------------------------------
+# DJANGO_TLS=1: the site is served over HTTPS only (behind the reverse proxy that ends TLS). It turns on HSTS,
+# the redirect to https:// and secure cookies; each can still be set on its own.
+_tls = env_bool("DJANGO_TLS", False)
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", _tls)
+SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 31_536_000 if _tls else 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", _tls)
+# The proxy's header saying the client's request was https (e.g. "X-Forwarded-Proto: https"): without it a
+# request that reached the proxy over TLS looks like plain HTTP here (the agent command would say ws://, and
+# SECURE_SSL_REDIRECT would loop). Set it only behind a proxy that overwrites that header from clients.
+SECURE_PROXY_SSL_HEADER = proxy_ssl_header("DJANGO_SECURE_PROXY_SSL_HEADER")
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -64,7 +77,7 @@ TEMPLATES = [{
 }]
 
 _database_url = env_str("DATABASE_URL")
-DATABASES = {"default": database_from_url("DATABASE_URL", _database_url) if _database_url else {
+DATABASES = {"default": database_from_url("DATABASE_URL", _database_url, pool=DbPool.from_env()) if _database_url else {
     "ENGINE": "django.db.backends.sqlite3",
     "NAME": str(VAR_DIR / "db.sqlite3"),
     # WAL and a busy timeout let web, worker and beat share one SQLite file in the demo.
@@ -123,6 +136,14 @@ CELERY_TASK_IGNORE_RESULT = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 CELERY_TIMEZONE = "UTC"
+
+# --- Cache: the API's throttles ------------------------------------------------------------------
+# On Redis one count for every web process, in the same database under its own key prefix, with short timeouts;
+# it fails open while Redis is away (config/cache.py). Without Redis there is one web process: its own memory.
+CACHES = {"default": {"BACKEND": "config.cache.FailOpenRedisCache", "LOCATION": REDIS_URL,
+                      "KEY_PREFIX": "gpumarket-cache",
+                      "OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1}}} if REDIS_URL else {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 # --- The fleet ---------------------------------------------------------------------------------
 FLEET = {

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from django.core.exceptions import ObjectDoesNotExist
+from django.db import OperationalError
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -18,6 +19,9 @@ def _flatten(detail) -> str:
     return str(detail)
 
 
+RETRY_AFTER_SECONDS = 2
+
+
 def exception_handler(exc, context):
     if isinstance(exc, DomainError):
         body = {"code": exc.code, "message": exc.message}
@@ -26,6 +30,12 @@ def exception_handler(exc, context):
         if exc.details:
             body["details"] = exc.details
         return Response({"error": body}, status=exc.status)
+    if isinstance(exc, OperationalError):
+        # The database is busy or away (no pooled connection free within DB_POOL_TIMEOUT, a connection killed,
+        # a server restarting): the request did not happen, and the same request a moment later may.
+        return Response({"error": {"code": "service_unavailable",
+                                   "message": "the service is busy or its database is unreachable; retry shortly"}},
+                        status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     if isinstance(exc, (Http404, ObjectDoesNotExist)):
         return Response({"error": {"code": "not_found", "message": "not found"}}, status=status.HTTP_404_NOT_FOUND)
     response = drf_handler(exc, context)

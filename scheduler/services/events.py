@@ -1,8 +1,21 @@
-"""Announcements to live subscribers over the channel layer (always called after commit)."""
+"""Announcements to live subscribers over the channel layer (always called after commit).
+
+A committed request never fails on this side channel: when the layer cannot take a message (Redis restarting),
+the message waits in the outbox and a web process relays it once the layer is back (gateway/relay.py).
+"""
 from __future__ import annotations
+
+import logging
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.db import DatabaseError
+from redis.exceptions import RedisError
+
+log = logging.getLogger(__name__)
+
+# What a channel layer raises when its backing service is away (channels-redis: redis-py's errors).
+LAYER_UNREACHABLE = (RedisError, OSError, TimeoutError)
 
 
 def node_group(node_id) -> str:
@@ -30,16 +43,29 @@ def lease_group(lease_id) -> str:
 USE_OUTBOX = False
 
 
+def _to_outbox(group: str, message: dict) -> None:
+    from scheduler.models import OutboxEvent
+
+    OutboxEvent.objects.create(group=group, message=message)
+
+
 def _send(group: str, message: dict) -> None:
     if USE_OUTBOX:
-        from scheduler.models import OutboxEvent
-
-        OutboxEvent.objects.create(group=group, message=message)
+        _to_outbox(group, message)
         return
     layer = get_channel_layer()
     if layer is None:
         return
-    async_to_sync(layer.group_send)(group, message)
+    try:
+        async_to_sync(layer.group_send)(group, message)
+    except LAYER_UNREACHABLE as exc:
+        log.warning("channel layer unreachable (%s): %s waits in the outbox", exc, message.get("type"))
+        try:
+            _to_outbox(group, message)
+        except DatabaseError:
+            # Both away: the state is committed and agents and consoles re-read it when they reconnect.
+            log.exception("channel layer and database unreachable: %s to %s not delivered", message.get("type"),
+                          group)
 
 
 def announce_node(node_id, change: dict) -> None:

@@ -27,14 +27,15 @@ def test_a_provider_registers_a_node_starts_the_agent_and_sees_it_online_with_mo
     token = page.locator("#node-token").inner_text().strip()
     command = page.locator("#agent-command").inner_text().strip()
     assert token.startswith("gpm_node_")
-    assert command == f"python -m nodeagent --server ws://127.0.0.1:{stack.port}/ws/agent/ --token {token}"
+    assert command == f"NODEAGENT_TOKEN={token} python -m nodeagent --server ws://127.0.0.1:{stack.port}/ws/agent/"
     screenshot(page, request, "-token")
 
     # Start the agent exactly as the page says (a simulated GPU server: no GPU here).
-    argv = shlex.split(command)
-    assert argv[:3] == ["python", "-m", "nodeagent"]
+    assignment, *argv = shlex.split(command)
+    name, _, value = assignment.partition("=")
+    assert argv[:3] == ["python", "-m", "nodeagent"] and name == "NODEAGENT_TOKEN"
     stack._spawn("agent-dan-rack-1", argv[1:] + ["--simulate", "a100-80gb:2", "--hostname", "dan-rack-1.e2e",
-                                                 "--interval", "0.5"])
+                                                 "--interval", "0.5"], {name: value})
     page.get_by_role("link", name="Watch it come online").click()
 
     # The status pill turns online over the websocket; the GPU table fills in through htmx.

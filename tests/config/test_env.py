@@ -49,7 +49,49 @@ def test_database_urls_are_parsed(url, engine, name):
     db = env.database_from_url("DATABASE_URL", url)
     assert db["ENGINE"] == engine and db["NAME"] == name
     if "postgres" in url:
-        assert (db["PASSWORD"], db["PORT"], db["OPTIONS"]) == ("p@ss", "5433", {"sslmode": "require"})
+        assert (db["PASSWORD"], db["PORT"], db["OPTIONS"]["sslmode"]) == ("p@ss", "5433", "require")
+
+
+def test_postgres_connections_come_from_a_pool_sized_by_the_environment(monkeypatch):
+    monkeypatch.setenv("DB_POOL_MIN", "1")
+    monkeypatch.setenv("DB_POOL_MAX", "4")
+    monkeypatch.setenv("DB_POOL_TIMEOUT", "2.5")
+    db = env.database_from_url("DATABASE_URL", "postgres://db/market", pool=env.DbPool.from_env())
+    pool = db["OPTIONS"]["pool"]
+    assert (pool["min_size"], pool["max_size"], pool["timeout"]) == (1, 4, 2.5)
+    # Django refuses a pool with persistent connections; each request hands its connection back instead.
+    assert db["CONN_MAX_AGE"] == 0 and not db["DISABLE_SERVER_SIDE_CURSORS"]
+
+
+def test_no_pool_means_a_pgbouncer_in_transaction_mode_pools(monkeypatch):
+    monkeypatch.setenv("DB_POOL_MAX", "0")
+    db = env.database_from_url("DATABASE_URL", "postgres://pgbouncer:6432/market", pool=env.DbPool.from_env())
+    assert "pool" not in db["OPTIONS"] and db["CONN_MAX_AGE"] == 0 and db["DISABLE_SERVER_SIDE_CURSORS"]
+
+
+@pytest.mark.parametrize("environ, var", [
+    ({"DB_POOL_MIN": "5", "DB_POOL_MAX": "2"}, "DB_POOL_MIN"), ({"DB_POOL_MAX": "-1"}, "DB_POOL_MAX"),
+    ({"DB_POOL_TIMEOUT": "0"}, "DB_POOL_TIMEOUT"),
+])
+def test_a_pool_that_cannot_work_is_refused_naming_the_variable(monkeypatch, environ, var):
+    for name, value in environ.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(env.ImproperlyConfiguredEnv, match=var):
+        env.DbPool.from_env()
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("X-Forwarded-Proto: https", ("HTTP_X_FORWARDED_PROTO", "https")), ("", None),
+])
+def test_the_proxys_https_header_is_read_as_django_wants_it(monkeypatch, value, expected):
+    monkeypatch.setenv("X_PROXY", value)
+    assert env.proxy_ssl_header("X_PROXY") == expected
+
+
+def test_a_malformed_proxy_header_is_refused(monkeypatch):
+    monkeypatch.setenv("X_PROXY", "https")
+    with pytest.raises(env.ImproperlyConfiguredEnv, match="X_PROXY"):
+        env.proxy_ssl_header("X_PROXY")
 
 
 @pytest.mark.parametrize("url", ["mysql://x/y", "postgres://host", "postgres://h:notaport/db", "sqlite://"])

@@ -84,7 +84,8 @@ def test_registering_a_node_shows_the_token_once_with_the_agent_command(client, 
     token = re.search(r'id="node-token">([^<]+)<', r.content.decode()).group(1)
     node = Node.objects.get(name="rack9")
     assert node_services.node_for_token(token=token) == node
-    assert f"--token {token}" in r.content.decode()
+    assert f"NODEAGENT_TOKEN={token} python -m nodeagent --server ws://" in r.content.decode()
+    assert "--token" not in r.content.decode()
     assert token not in client.get(f"/nodes/{node.pk}/").content.decode()
 
 

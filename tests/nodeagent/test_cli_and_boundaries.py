@@ -1,5 +1,6 @@
 """Command-line parsing and the package boundary (the agent imports nothing from the web app)."""
 import ast
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,8 @@ FORBIDDEN = ("django", "rest_framework", "channels", "celery", "marketplace", "c
     ([], "--server"),
     (["--server", "http://host/ws/agent/", "--token", "t"], "not a ws:// or wss:// URL"),
     (["--server", "ws://host:notaport/", "--token", "t"], "bad port"),
+    (["--server", "ws://a/ws/agent/,http://b/ws/agent/", "--token", "t"], "not a ws:// or wss:// URL"),
+    (["--server", ",", "--token", "t"], "names no server"),
     (["--server", "ws://h/", "--token", "t", "--simulate", "h100-80gb:0"], "bad count"),
     (["--server", "ws://h/", "--token", "t", "--simulate", "z900:1"], "unknown GPU model"),
     (["--server", "ws://h/", "--token", "t", "--simulate", "l4:1", "--interval", "0"], "interval must be"),
@@ -29,6 +32,7 @@ FORBIDDEN = ("django", "rest_framework", "channels", "celery", "marketplace", "c
 ])
 def test_bad_command_lines_exit_2_with_a_clear_error(argv, words, capsys, monkeypatch):
     monkeypatch.delenv("NODEAGENT_TOKEN", raising=False)
+    monkeypatch.delenv("NODEAGENT_SERVER", raising=False)
     with pytest.raises(SystemExit) as exit_:
         cli.main(argv)
     assert exit_.value.code == 2
@@ -46,6 +50,18 @@ def test_good_command_line_parses_with_token_from_the_environment(monkeypatch):
     assert backend.busy_on_create == 0.0
     args = cli.build_parser().parse_args(["--server", "ws://h/", "--simulate", "l4:1", "--busy-on-create", "0.8"])
     assert cli.make_backend(args).busy_on_create == 0.8
+
+
+def test_several_servers_come_from_repeated_flags_commas_or_the_environment(monkeypatch):
+    parse = cli.build_parser().parse_args
+    assert parse(["--server", "wss://a/ws/agent/", "--server", "wss://b/ws/agent/,wss://c/ws/agent/"]).servers == [
+        "wss://a/ws/agent/", "wss://b/ws/agent/", "wss://c/ws/agent/"]
+    seen = {}
+    monkeypatch.setattr(cli, "_serve", lambda backend, runtime, **kw: seen.update(kw) or asyncio.sleep(0, 0))
+    monkeypatch.setenv("NODEAGENT_SERVER", "ws://a:8000/ws/agent/, ws://b:8000/ws/agent/")
+    monkeypatch.setenv("NODEAGENT_TOKEN", "t")
+    assert cli.main(["--simulate", "l4:1"]) == 0
+    assert seen["servers"] == ["ws://a:8000/ws/agent/", "ws://b:8000/ws/agent/"]
 
 
 def test_nodeagent_source_imports_nothing_from_the_web_application():

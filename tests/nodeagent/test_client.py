@@ -5,6 +5,7 @@ Waits are on conditions with a deadline; nothing asserts how long anything took.
 import asyncio
 import contextlib
 import random
+import socket
 
 import pytest
 from websockets.asyncio.server import serve
@@ -217,3 +218,26 @@ async def test_an_agent_replaced_by_a_newer_connection_stops_with_a_clear_messag
     assert task.result() == EXIT_REPLACED
     assert gateway.connections == 1  # no reconnect: it would only kick the newer agent off in turn
     assert "another agent" in caplog.text and "same token" in caplog.text
+
+
+async def test_an_agent_given_several_servers_fails_over_to_the_next_when_one_is_closed_or_goes_away():
+    with socket.socket() as probe:  # a port nothing listens on: a web process that is down
+        probe.bind(("127.0.0.1", 0))
+        closed = f"ws://127.0.0.1:{probe.getsockname()[1]}/ws/agent/"
+    first, second = Gateway(interval=0.05), Gateway(interval=0.05)
+    async with serve(first.handler, "127.0.0.1", 0) as server_a, serve(second.handler, "127.0.0.1", 0) as server_b:
+        urls = [f"ws://127.0.0.1:{s.sockets[0].getsockname()[1]}/ws/agent/" for s in (server_a, server_b)]
+        agent = Agent(SimulatedBackend("l4:1", hostname="test-node", seed=1), server=[closed, *urls], token=TOKEN,
+                      backoff=Backoff(base=0.01, cap=0.05, rng=random.Random(1)), welcome_timeout=5)
+        task = asyncio.create_task(agent.run())
+        try:
+            await until(lambda: first.of_type("metrics"))  # past the closed one, with the real client
+            assert agent.server == urls[0] and second.connections == 0
+            server_a.close()  # that web process goes away: its agent moves to the other
+            await first.ws.close(1001, "going away")
+            await until(lambda: second.of_type("metrics"))
+            assert agent.server == urls[1] and agent.sessions == 2 and not task.done()
+        finally:
+            agent.stop()
+            await asyncio.wait_for(task, 10)
+    assert task.result() == EXIT_OK

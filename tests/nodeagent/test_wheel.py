@@ -140,8 +140,8 @@ def test_the_unit_restarts_takes_its_token_from_the_env_file_and_runs_the_instal
     # The console script the wheel installs, in the venv docs/deployment.md makes.
     assert argv[0] == "/opt/gpumarket-agent/bin/" + build.CONSOLE_SCRIPT.split(" = ")[0]
     args = cli.build_parser().parse_args(argv[1:])
-    assert (args.server, args.runtime, args.engine_url) == (
-        "wss://market.example.org/ws/agent/", "docker", "unix:///run/docker.sock")
+    assert (args.servers, args.runtime, args.engine_url) == (
+        ["wss://market.example.org/ws/agent/"], "docker", "unix:///run/docker.sock")
     assert args.token is None  # from the environment, not a command line other users can read
 
     podman = _exec_start(service, {"NODEAGENT_SERVER": "wss://market.example.org/ws/agent/",

@@ -28,7 +28,10 @@ def test_registering_a_node_returns_its_token_once_with_the_agent_command():
                format="json")
     assert r.status_code == 201, r.content
     token = r.json()["token"]
-    assert token.startswith("gpm_node_") and f"--token {token}" in r.json()["agent_command"]
+    assert token.startswith("gpm_node_")
+    # The token rides in the environment as the docs say, never on the command line other users can read.
+    assert r.json()["agent_command"] == (f"NODEAGENT_TOKEN={token} python -m nodeagent "
+                                         f"--server ws://testserver/ws/agent/")
     node = Node.objects.get(pk=r.json()["id"])
     assert node.provider == user and node.token_hash != token
     detail = c.get(f"/api/v1/nodes/{node.pk}/").json()

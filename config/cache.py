@@ -1,0 +1,55 @@
+"""The shared cache of production (REDIS_URL): Django's Redis backend, failing open while Redis is away.
+
+Only the API's throttles use the cache. A Redis restart must not turn every API request into a 500: during it a
+read finds nothing and a write is dropped (throttles let requests through for those seconds), with one warning.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from django.core.cache.backends.redis import RedisCache
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+log = logging.getLogger(__name__)
+
+_UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
+WARN_EVERY_SECONDS = 30.0
+
+
+class FailOpenRedisCache(RedisCache):
+    _warned_at = float("-inf")
+
+    def _unreachable(self, exc: Exception) -> None:
+        now = time.monotonic()
+        if now - self._warned_at >= WARN_EVERY_SECONDS:
+            self._warned_at = now
+            log.warning("the cache (Redis) is unreachable, throttles are not counted meanwhile: %s", exc)
+
+    def get(self, key, default=None, version=None):
+        try:
+            return super().get(key, default, version)
+        except _UNREACHABLE as exc:
+            self._unreachable(exc)
+            return default
+
+    def set(self, key, value, timeout=None, version=None):  # noqa: A003 (Django's name)
+        try:
+            super().set(key, value, timeout, version)
+        except _UNREACHABLE as exc:
+            self._unreachable(exc)
+
+    def add(self, key, value, timeout=None, version=None):
+        try:
+            return super().add(key, value, timeout, version)
+        except _UNREACHABLE as exc:
+            self._unreachable(exc)
+            return False
+
+    def delete(self, key, version=None):
+        try:
+            return super().delete(key, version)
+        except _UNREACHABLE as exc:
+            self._unreachable(exc)
+            return False

@@ -1,0 +1,60 @@
+"""The API's throttles count in one place for every web process: Redis when REDIS_URL is set (each process has
+its own cache client: two clients stand for two processes here), failing open while Redis is away."""
+from __future__ import annotations
+
+import os
+
+import pytest
+from django.conf import settings
+from django.contrib.auth.models import AnonymousUser
+from django.core.cache import CacheHandler
+from django.test import RequestFactory
+from rest_framework.throttling import AnonRateThrottle
+
+from config.cache import FailOpenRedisCache
+from tests.e2e.livestack import free_port
+
+on_redis = pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs Redis: set REDIS_URL (CI does)")
+
+
+class TwoPerMinute(AnonRateThrottle):
+    rate = "2/min"
+    scope = "anon-shared-test"
+
+
+def _anonymous(address: str):
+    request = RequestFactory().get("/api/v1/offers/", REMOTE_ADDR=address)
+    request.user = AnonymousUser()
+    return request
+
+
+def _allowed(cache, request) -> bool:
+    throttle = TwoPerMinute()
+    throttle.cache = cache
+    return throttle.allow_request(request, None)
+
+
+@on_redis
+def test_two_processes_share_one_throttle_count_on_redis():
+    first, second = CacheHandler(settings.CACHES)["default"], CacheHandler(settings.CACHES)["default"]
+    assert first is not second and isinstance(first, FailOpenRedisCache)
+    request = _anonymous("198.51.100.7")
+    first.delete(TwoPerMinute().get_cache_key(request, None))
+    # Two requests through one process and the third through the other: the other has seen them.
+    assert _allowed(first, request) and _allowed(first, request)
+    assert not _allowed(second, request)
+
+
+def test_without_redis_each_process_counts_in_its_own_memory():
+    if os.environ.get("REDIS_URL"):
+        assert settings.CACHES["default"]["BACKEND"] == "config.cache.FailOpenRedisCache"
+    else:
+        assert settings.CACHES["default"]["BACKEND"] == "django.core.cache.backends.locmem.LocMemCache"
+
+
+def test_a_throttle_lets_requests_through_while_redis_is_away(caplog):
+    cache = FailOpenRedisCache(f"redis://127.0.0.1:{free_port()}/0",
+                               {"OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1}})
+    request = _anonymous("198.51.100.8")
+    assert all(_allowed(cache, request) for _ in range(3))  # not a 500 on every request: counted again later
+    assert "the cache (Redis) is unreachable" in caplog.text
