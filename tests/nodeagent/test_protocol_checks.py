@@ -18,7 +18,8 @@ def hello_with(**changes) -> dict:
     return frame
 
 
-@pytest.mark.parametrize("key, value", [("driver_version", "550.54.15"), ("driver_version", "551.61"),
+@pytest.mark.parametrize("key, value", [("driver_version", "550.54.15"), ("driver_version", "580.159.04"),
+                                        ("driver_version", "551.61"), ("cuda_version", "13.0"),
                                         ("cuda_version", "12.4"), ("cuda_version", "13")])
 def test_version_strings_of_digits_and_dots_are_accepted(key, value):
     protocol.validate_hello(hello_with(**{key: value}))
@@ -55,7 +56,8 @@ def test_every_simulated_model_agrees_with_its_own_name_and_memory(spec):
 # Names and total memory as NVML reports them on real boards (nvidia-smi --query-gpu=name,memory.total).
 @pytest.mark.parametrize("name, memory_mib, key", [
     ("NVIDIA H100 80GB HBM3", 81559, "h100-80gb"), ("NVIDIA H100 NVL", 95830, "h100-nvl-94gb"),
-    ("NVIDIA H200", 143771, "h200-141gb"), ("NVIDIA A100-SXM4-40GB", 40960, "a100-40gb"),
+    ("NVIDIA H200", 143771, "h200-141gb"),  # read through NVML on an H200, driver 580.159.04
+    ("NVIDIA A100-SXM4-40GB", 40960, "a100-40gb"),
     ("NVIDIA A100-SXM4-80GB", 81920, "a100-80gb"), ("NVIDIA A100 80GB PCIe", 81920, "a100-80gb"),
     ("NVIDIA A30", 24576, "a30-24gb"), ("NVIDIA L40S", 46068, "l40s"), ("NVIDIA L4", 23034, "l4"),
     ("NVIDIA A10", 23028, "a10"), ("NVIDIA GeForce RTX 4090", 24564, "rtx-4090"),
