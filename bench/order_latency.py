@@ -105,7 +105,7 @@ def main() -> int:
     try:
         py = sys.executable
         start("web", [py, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port", str(port),
-                      "--ws", "websockets-sansio", "--log-level", "warning"])
+                      "--ws", "config.wsprotocol:WebSocketProtocol", "--log-level", "warning"])
         wait_until(lambda: LiveStack._port_open_at(port), timeout=30, what="the web server")
         for i, token in enumerate(tokens):
             start(f"agent-{i}", [py, "-m", "nodeagent", "--server", f"ws://127.0.0.1:{port}/ws/agent/",

@@ -19,7 +19,10 @@ try:  # a C parser where installed (the server pins it); the standard one otherw
 except ImportError:  # pragma: no cover - exercised on agents without orjson
     _loads = json.loads
 import math
+import re
 from typing import Any
+
+from nodeagent.hardware import gpus as catalog
 
 VERSION = 1
 
@@ -75,6 +78,9 @@ MAX_UUID_CHARS = 80
 MAX_PROFILE_CHARS = 30
 MAX_MEMORY_MIB = 2**31 - 1
 MAX_COUNTER = 2**63 - 1
+# Driver ("550.54.15") and CUDA ("12.4") versions: the CUDA filter compares them as numbers.
+VERSION_TEXT = re.compile(r"[0-9]{1,6}(\.[0-9]{1,6}){0,3}")
+MAX_VERSION_CHARS = {"driver_version": 40, "cuda_version": 20}
 
 
 class ProtocolError(ValueError):
@@ -211,8 +217,13 @@ def _counter(d: dict, key: str, where: str) -> None:
 
 def validate_hello(frame: dict) -> dict:
     w = "hello"
-    for key in ("hostname", "agent_version", "backend", "driver_version", "cuda_version"):
+    for key in ("hostname", "agent_version", "backend"):
         _req(frame, key, str, w)
+    for key, max_chars in MAX_VERSION_CHARS.items():
+        val = _req(frame, key, str, w)
+        if len(val) > max_chars or not VERSION_TEXT.fullmatch(val):
+            raise ProtocolError(f"hello: {key!r} must be a version of digits and dots like 12.4, at most "
+                                f"{max_chars} characters (got {val[:40]!r})")
     gpus = _req(frame, "gpus", list, w)
     if len(gpus) > MAX_GPUS_PER_NODE:
         raise ProtocolError(f"hello: more than {MAX_GPUS_PER_NODE} GPUs")
@@ -226,11 +237,14 @@ def validate_hello(frame: dict) -> dict:
             raise ProtocolError(f"{gw}: uuid empty or repeated")
         seen.add(uuid)
         _num(g, "index", gw, lo=0, hi=MAX_GPUS_PER_NODE)
-        _req(g, "name", str, gw)
-        _num(g, "memory_mib", gw, lo=0, hi=MAX_MEMORY_MIB)
+        name = _req(g, "name", str, gw)
+        memory_mib = _num(g, "memory_mib", gw, lo=0, hi=MAX_MEMORY_MIB)
         _req(g, "mig_enabled", bool, gw)
         if g.get("model") is not None:
-            _req(g, "model", str, gw)
+            # The model decides what the GPU is sold as: it must be the board the name and memory describe.
+            why = catalog.model_disagreement(_req(g, "model", str, gw), name=name, memory_mib=memory_mib)
+            if why:
+                raise ProtocolError(f"{gw}: {why}")
         mig_geo = g.get("mig")
         if mig_geo is not None:
             if not isinstance(mig_geo, dict):
@@ -299,7 +313,8 @@ def _sample_ok(g) -> bool:
     xid = g.get("xid")
     if xid and (type(xid) is not list or any(type(x) is not int for x in xid)):
         return False
-    return True
+    used, total = g.get("mem_used_mib"), g.get("mem_total_mib")
+    return used is None or total is None or used <= total
 
 
 def validate_metrics(frame: dict) -> dict:
@@ -327,8 +342,10 @@ def validate_metrics(frame: dict) -> dict:
         # A reading the GPU cannot give is null, not a made-up number: NVML reports no whole-GPU
         # utilisation in MIG mode, and some boards have no power or ECC counters (NotSupported).
         _num(g, "util", gw, lo=0, hi=100, optional=True)
-        _num(g, "mem_used_mib", gw, lo=0, optional=True)
-        _num(g, "mem_total_mib", gw, lo=0, optional=True)
+        used = _num(g, "mem_used_mib", gw, lo=0, optional=True)
+        total = _num(g, "mem_total_mib", gw, lo=0, optional=True)
+        if used is not None and total is not None and used > total:
+            raise ProtocolError(f"{gw}: mem_used_mib={used:g} is more than mem_total_mib={total:g}")
         _num(g, "temp_c", gw, lo=-50, hi=200, optional=True)
         _num(g, "power_w", gw, lo=0, hi=5000, optional=True)
         _num(g, "sm_clock_mhz", gw, lo=0, hi=10000, optional=True)

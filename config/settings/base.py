@@ -177,6 +177,10 @@ FLEET = {
     # Containers' output from one agent (log chunks of up to 16 KiB, each container's flushed every 0.5 s).
     "AGENT_LOGS_RATE": env_float("FLEET_AGENT_LOGS_RATE", 50.0, minimum=0.01, maximum=1e6),
     "AGENT_LOGS_BURST": env_int("FLEET_AGENT_LOGS_BURST", 200, minimum=1, maximum=10**6),
+    # Hellos: one per connection from a healthy agent, and the costliest frame (the whole inventory upserted
+    # under the node's lock); a flood of them slowed every API request.
+    "AGENT_HELLO_RATE": env_float("FLEET_AGENT_HELLO_RATE", 0.2, minimum=0.001, maximum=1e6),
+    "AGENT_HELLO_BURST": env_int("FLEET_AGENT_HELLO_BURST", 3, minimum=1, maximum=10**6),
     "AGENT_EVENT_DETAIL_MAX_BYTES": env_int("FLEET_AGENT_EVENT_DETAIL_MAX_BYTES", 4096, minimum=64,
                                             maximum=1 << 20),
     "AGENT_MAX_DROPPED": env_int("FLEET_AGENT_MAX_DROPPED", 30, minimum=1),

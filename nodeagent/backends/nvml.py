@@ -109,14 +109,15 @@ class NvmlBackend(Backend):
         except nv.NVMLError_NotSupported:
             mig_enabled = False
         name = _text(nv.nvmlDeviceGetName(handle))
+        memory_mib = int(nv.nvmlDeviceGetMemoryInfo(handle).total) // (1 << 20)
         return NvmlGpu(
             uuid=_text(nv.nvmlDeviceGetUUID(handle)),
             index=index,
             handle=handle,
             name=name,
-            memory_mib=int(nv.nvmlDeviceGetMemoryInfo(handle).total) // (1 << 20),
+            memory_mib=memory_mib,
             mig_enabled=mig_enabled,
-            profiles=self._read_profiles(handle, catalog.key_for_nvml_name(name)) if mig_enabled else {},
+            profiles=self._read_profiles(handle, catalog.key_for_gpu(name, memory_mib)) if mig_enabled else {},
         )
 
     def _read_profiles(self, handle: Any, model_key: str | None) -> dict[str, NvmlProfile]:
@@ -277,7 +278,7 @@ class NvmlBackend(Backend):
                 instances.append({"uuid": self._instance_uuid(gpu, int(info.id)), "profile": profile.name,
                                   "start": int(info.placement.start), "size": int(info.placement.size)})
         return {"uuid": gpu.uuid, "index": gpu.index, "name": gpu.name,
-                "model": catalog.key_for_nvml_name(gpu.name), "memory_mib": gpu.memory_mib,
+                "model": catalog.key_for_gpu(gpu.name, gpu.memory_mib), "memory_mib": gpu.memory_mib,
                 "mig_enabled": gpu.mig_enabled, "mig": geometry, "instances": instances}
 
     def create_instance(self, gpu_uuid: str, profile: str, start: int) -> dict:

@@ -79,9 +79,48 @@ def model_for(key: str) -> GpuModelSpec:
         raise KeyError(f"unknown GPU model {key!r}; known: {', '.join(GPU_MODELS)}") from None
 
 
+def _words(text: str) -> str:
+    # NVML writes "A100-SXM4-40GB" and "H100 NVL"; the simulated agent "A100-40GB": compare them alike.
+    return " ".join(text.lower().replace("-", " ").replace("_", " ").split())
+
+
 def key_for_nvml_name(name: str) -> str | None:
     """Catalog key for a name as NVML reports it ("NVIDIA H100 80GB HBM3"), or None if unknown."""
+    words = _words(name)
     for hint, key in NVML_NAME_HINTS:
-        if hint.lower() in name.lower():
+        if _words(hint) in words:
             return key
+    return None
+
+
+# What NVML reports as a GPU's total memory (MiB) against the catalog's GB: 0.94 (L4, L40S, T4: ECC and
+# reserved memory) to 1.0. The band keeps the catalog's neighbours apart (H100-80GB is 0.85 of an H100 NVL).
+MEMORY_BAND = (0.9, 1.05)
+
+
+def memory_agrees(key: str, memory_mib: float) -> bool:
+    """Whether `memory_mib` is what a GPU of catalog model `key` reports."""
+    low, high = MEMORY_BAND
+    return low <= memory_mib / (GPU_MODELS[key].memory_gb * 1024) <= high
+
+
+def key_for_gpu(name: str, memory_mib: float) -> str | None:
+    """Catalog key for a GPU NVML names `name` with `memory_mib`, or None when the name is unknown or the
+    memory says another board (an L40 is not an L4, a 16 GB V100 not the catalog's 32 GB one)."""
+    key = key_for_nvml_name(name)
+    return key if key is not None and memory_agrees(key, memory_mib) else None
+
+
+def model_disagreement(key: str, *, name: str, memory_mib: float) -> str | None:
+    """Why a GPU reported as catalog model `key` is not one (its name or memory is another model's), or None
+    when they agree. An unknown key is not judged: a newer agent may know models this side does not."""
+    spec = GPU_MODELS.get(key)
+    if spec is None:
+        return None
+    named = key_for_nvml_name(name)
+    if named != key:
+        return (f"says model {key} but its name {name[:80]!r} is "
+                f"{GPU_MODELS[named].name if named else 'not a ' + spec.name}")
+    if not memory_agrees(key, memory_mib):
+        return f"says model {key} ({spec.memory_gb:g} GB) but reports {memory_mib:g} MiB of memory"
     return None

@@ -25,6 +25,27 @@ class LoopConsumer(AsyncWebsocketConsumer):
     stale connections around itself, so the per-message hop is skipped.
     """
 
+    # True once this side sent its close or the peer went away. ASGI servers refuse any send after a close
+    # (uvicorn logs "Unexpected ASGI message 'websocket.send', after sending 'websocket.close'"), and
+    # messages keep arriving after one (frames already read, channel-layer messages): they send nothing.
+    closed = False
+    close_code: int | None = None  # what this side closed with, when it did
+    close_reason = ""
+
+    async def send(self, text_data=None, bytes_data=None, close=False):
+        if not self.closed:
+            await super().send(text_data, bytes_data, close)
+
+    async def close(self, code=None, reason=None):
+        if self.closed:
+            return
+        self.closed, self.close_code, self.close_reason = True, code, reason or ""
+        await super().close(code, reason)
+
+    async def websocket_disconnect(self, message):
+        self.closed = True
+        await super().websocket_disconnect(message)
+
     async def dispatch(self, message):
         handler = getattr(self, get_handler_name(message), None)
         if handler is None:

@@ -4,10 +4,13 @@ It authenticates the node token, applies the hello (inventory), takes metrics ba
 out to console subscribers at once, health-checked), forwards commands and applies their results. A
 malformed frame gets an error frame and changes nothing; an unauthorised socket is closed (4401); a frame
 naming another node's GPU is refused (4403 for a hello, an error frame for metrics). Only one socket speaks
-for a node: an accepted hello closes any older socket of the same node (4409).
+for a node: each socket gets a session number when it authenticates (node_agent_connect), an accepted hello
+closes every older socket of the node (4409), and an older socket's hello that arrives after a newer one was
+accepted is refused (4409 too). Once a socket is closed it sends nothing more (LoopConsumer.closed).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import time
@@ -32,6 +35,7 @@ log = logging.getLogger(__name__)
 CLOSE_BAD_FRAME, CLOSE_UNAUTHORISED = protocol.CLOSE_BAD_FRAME, protocol.CLOSE_UNAUTHORISED
 CLOSE_FORBIDDEN, CLOSE_REPLACED = protocol.CLOSE_FORBIDDEN, protocol.CLOSE_REPLACED
 MAX_BAD_FRAMES = 10  # after this many malformed frames on one socket, the agent is broken: close it
+CLOSE_FOR_STATUS = {401: CLOSE_UNAUTHORISED, 403: CLOSE_FORBIDDEN, 409: CLOSE_REPLACED}
 
 
 def _bearer(scope) -> str:
@@ -45,15 +49,28 @@ def _bearer(scope) -> str:
 
 class AgentConsumer(LoopConsumer):
     node_id = None
-    ready = False  # True once the hello has been applied
+    session = 0  # this socket's place among the node's sockets (node_agent_connect)
+    ready = False  # True while this socket speaks for the node: its hello was applied and nothing replaced it
+    ended = False  # its end was recorded (node_disconnected)
+
+    async def __call__(self, scope, receive, send):
+        try:
+            await super().__call__(scope, receive, send)
+        except Exception:
+            # A handler or the channel layer failed (Redis away): the server drops the socket without the
+            # disconnect handler, and the node's history must still say its socket closed.
+            with contextlib.suppress(Exception):  # the database may be what failed; the cause is raised below
+                await self._end(code=1011, reason="server error", by="server")
+            raise
 
     async def connect(self):
-        node = await database_sync_to_async(node_services.node_for_token)(token=_bearer(self.scope))
+        found = await database_sync_to_async(node_services.node_agent_connect)(token=_bearer(self.scope))
         await self.accept()
-        if node is None:
+        if found is None:
             await self._error(protocol.E_UNAUTHORISED, "unknown or missing node token")
             await self.close(code=CLOSE_UNAUTHORISED)
             return
+        node, self.session = found
         self.node_id = node.pk
         self.token_hash = node.token_hash
         self.node_key = str(node.pk)
@@ -71,6 +88,7 @@ class AgentConsumer(LoopConsumer):
         self.event_bucket = TokenBucket(rate=fleet["AGENT_EVENT_RATE"], burst=fleet["AGENT_EVENT_BURST"])
         self.workload_bucket = TokenBucket(rate=fleet["AGENT_WORKLOAD_RATE"], burst=fleet["AGENT_WORKLOAD_BURST"])
         self.logs_bucket = TokenBucket(rate=fleet["AGENT_LOGS_RATE"], burst=fleet["AGENT_LOGS_BURST"])
+        self.hello_bucket = TokenBucket(rate=fleet["AGENT_HELLO_RATE"], burst=fleet["AGENT_HELLO_BURST"])
         self.event_detail_max = fleet["AGENT_EVENT_DETAIL_MAX_BYTES"]
         self.drops = DropWindow(window=fleet["AGENT_DROP_WINDOW_SECONDS"], max_dropped=fleet["AGENT_MAX_DROPPED"])
         INGEST.ensure_running()
@@ -80,23 +98,38 @@ class AgentConsumer(LoopConsumer):
         if self.node_id is None:
             return
         await self.channel_layer.group_discard(agent_group(self.node_id), self.channel_name)
-        if self.ready:
-            await database_sync_to_async(node_services.node_disconnected)(node_id=self.node_id)
+        if self.close_code is not None:  # this side closed it: its code and reason say why
+            await self._end(code=self.close_code, reason=self.close_reason, by="server")
+        else:
+            await self._end(code=code, reason="", by="agent")
+
+    async def _end(self, *, code, reason: str, by: str) -> None:
+        """Record once that the socket speaking for the node closed (nothing for one that never did)."""
+        if self.ready and not self.ended:
+            self.ended = True
+            await database_sync_to_async(node_services.node_disconnected)(
+                node_id=self.node_id, session=self.session, code=code, reason=reason, by=by)
 
     async def _error(self, code: str, message: str, ref: str | None = None) -> None:
         await self.send(text_data=protocol.encode(protocol.error(code=code, message=message, ref=ref)))
 
     async def receive(self, text_data=None, bytes_data=None):
-        if self.node_id is None:
-            return
+        if self.node_id is None or self.closed:
+            return  # frames read before the close: nothing of them is applied or answered
         try:
             frame = protocol.validate(protocol.decode(text_data if text_data is not None else bytes_data))
         except protocol.ProtocolError as exc:
-            await self._refuse(exc.code, exc.message)
+            # Another protocol version will not become v1 by retrying frames on this socket.
+            await self._refuse(exc.code, exc.message, close=exc.code == protocol.E_VERSION)
             return
         kind = frame["type"]
         if kind == "hello":
-            await self._hello(frame)
+            # A hello is the costliest frame (the whole inventory upserted in one transaction under the node's
+            # lock): a flood of them slowed every API request, so they are limited like the rest.
+            if self.hello_bucket.take():
+                await self._hello(frame)
+            else:
+                await self._drop("hello")
         elif not self.ready:
             await self._refuse(protocol.E_BAD_FRAME, f"{kind} before hello", close=True)
         elif kind == "metrics":
@@ -125,14 +158,14 @@ class AgentConsumer(LoopConsumer):
         self.bad_frames += 1
         await self._error(code, message)
         if close or self.bad_frames >= MAX_BAD_FRAMES:
-            await self.close(code=CLOSE_BAD_FRAME)
+            await self.close(code=CLOSE_BAD_FRAME, reason="bad frames")
 
     async def _drop(self, kind: str) -> None:
         """A frame over this socket's rate: refused and dropped; persistent flooding closes the socket."""
         await self._error(protocol.E_RATE_LIMITED, f"{kind} frame over this connection's rate limit: dropped")
         if self.drops.drop():
             log.warning("closing the agent socket of node %s: it keeps sending over its rate limits", self.node_label)
-            await self.close(code=CLOSE_BAD_FRAME)
+            await self.close(code=CLOSE_BAD_FRAME, reason="over the rate limits")
 
     async def _event(self, frame: dict) -> None:
         if not self.event_bucket.take():
@@ -154,17 +187,18 @@ class AgentConsumer(LoopConsumer):
         # handled after this frame, so they still follow the welcome; one sent both ways is answered once.
         await self.channel_layer.group_add(agent_group(self.node_id), self.channel_name)
         try:
-            state = await database_sync_to_async(_apply_hello)(self.node_id, frame, self.token_hash)
+            state = await database_sync_to_async(_apply_hello)(self.node_id, frame, self.token_hash, self.session)
         except DomainError as exc:
             await self._error(exc.code, exc.message)
-            await self.close(code={401: CLOSE_UNAUTHORISED, 403: CLOSE_FORBIDDEN}.get(exc.status, CLOSE_BAD_FRAME))
+            await self.close(code=CLOSE_FOR_STATUS.get(exc.status, CLOSE_BAD_FRAME), reason=exc.code)
             return
         self.gpu_ids, self.cordoned, open_commands, self.last_dbe, self.tdp_w = state
         self.ready = True
         # Two sockets for one node (a stale one, or the same token on a second machine) would both write its
-        # metrics and both answer its commands: the newest accepted hello wins, in any web process.
-        await self.channel_layer.group_send(agent_group(self.node_id),
-                                            {"type": "agent.replaced", "by": self.channel_name})
+        # metrics and both answer its commands: the newest socket wins, in any web process. The session number
+        # orders them: an older socket's announcement, arriving late, closes nothing.
+        await self.channel_layer.group_send(agent_group(self.node_id), {
+            "type": "agent.replaced", "by": self.channel_name, "session": self.session})
         await self.send(text_data=protocol.encode(protocol.welcome(
             node_id=str(self.node_id), metrics_interval=settings.FLEET["METRICS_INTERVAL_SECONDS"],
             heartbeat_timeout=settings.FLEET["HEARTBEAT_TIMEOUT_SECONDS"])))
@@ -218,8 +252,8 @@ class AgentConsumer(LoopConsumer):
 
     # --- messages from the channel layer ------------------------------------------------------------
     async def agent_command(self, message: dict) -> None:
-        if not self.ready:
-            return  # a hello that was refused: the command stays open for the agent's next session
+        if not self.ready or self.closed:
+            return  # a hello that was refused, or a closed socket: the command stays open for the next session
         frame = message["frame"]
         await self.send(text_data=protocol.encode(frame))
         await database_sync_to_async(command_services.commands_mark_sent)(
@@ -228,29 +262,31 @@ class AgentConsumer(LoopConsumer):
     async def agent_revoked(self, message: dict) -> None:
         """The node's token was rotated: this socket authenticated with the old one."""
         await self._error(protocol.E_UNAUTHORISED, "this node's token was rotated; start the agent with the new one")
-        await self.close(code=CLOSE_UNAUTHORISED)
+        await self.close(code=CLOSE_UNAUTHORISED, reason="token rotated")
 
     async def agent_replaced(self, message: dict) -> None:
         """A newer socket of this node had its hello accepted: this one stops speaking for the node."""
-        if message.get("by") == self.channel_name or not self.ready:
+        if message.get("by") == self.channel_name or not self.ready or self.closed:
             return  # our own announcement, or a socket whose hello is still pending (its own turn comes)
+        if message.get("session", self.session + 1) <= self.session:
+            return  # an older socket's announcement, late: its hello was refused or it was replaced itself
         self.ready = False
         await database_sync_to_async(health_services.health_event_record)(
             node_id=self.node_id, gpu_uuid=None, kind="replaced",
             message="agent socket replaced by a newer connection of this node", detail={})
         await self._error(protocol.E_REPLACED, "replaced by a newer connection of this node; is its token "
                                                "used on two machines?")
-        await self.close(code=CLOSE_REPLACED)
+        await self.close(code=CLOSE_REPLACED, reason="replaced")
 
     async def agent_resync(self, message: dict) -> None:
         """An operator uncordoned a GPU: forget the local cordon so new violations count again."""
         self.cordoned.discard(message.get("gpu_uuid"))
 
 
-def _apply_hello(node_id, frame: dict, token_hash: str | None = None):
+def _apply_hello(node_id, frame: dict, token_hash: str | None = None, session: int | None = None):
     from scheduler.models import Gpu
 
-    node = node_services.node_hello(node_id=node_id, frame=frame, token_hash=token_hash)
+    node = node_services.node_hello(node_id=node_id, frame=frame, token_hash=token_hash, session=session)
     # The containers of leases the agent found: the market adopts or removes them.
     market().workloads_found(node_id=node_id, found=frame.get("workloads") or [])
     gpus = list(Gpu.objects.filter(node=node, present=True).values_list("uuid", "pk", "health", "latest__ecc_dbe",

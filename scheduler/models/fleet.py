@@ -41,6 +41,11 @@ class Node(models.Model):
     drain_requested = models.BooleanField(default=False, help_text="drained by its provider or an operator")
     last_heartbeat = models.DateTimeField(null=True, blank=True, db_index=True)
     connected_at = models.DateTimeField(null=True, blank=True)
+    # Agent sockets in the order they authenticated, and the one whose hello was accepted last: only a newer
+    # socket may take over from the one speaking for the node (an older socket's late hello is refused).
+    agent_sockets_opened = models.PositiveBigIntegerField(default=0, editable=False)
+    agent_session = models.PositiveBigIntegerField(default=0, editable=False,
+                                                   help_text="the agent socket that speaks for the node")
     created_at = models.DateTimeField(auto_now_add=True)
     # Workloads (the containers of leases): what the agent runs them on, and the provider's terms for them.
     runtime = models.CharField(max_length=40, blank=True, help_text="as its agent reported: docker, simulated, none")

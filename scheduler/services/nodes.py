@@ -7,6 +7,7 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils import timezone
 
 from nodeagent.hardware import gpus as core_gpus, mig as core_mig
@@ -18,6 +19,10 @@ from .events import announce_node, tell_agent_token_revoked
 from .tokens import token_hash, token_new
 
 MAX_NAME = 80
+# A socket that closes and is followed by the node's next hello within this many seconds is one blip in the
+# node's history: the "disconnected" event becomes a single "reconnected" one instead of a pair.
+RECONNECT_WINDOW_SECONDS = 10.0
+CONNECTION_EVENTS = ("connected", "reconnected", "disconnected")
 
 
 def node_register(*, provider, name: str, region: str = "eu-west",
@@ -66,13 +71,28 @@ def node_for_token(*, token: str) -> Node | None:
     return Node.objects.filter(token_hash=token_hash(token)).first()
 
 
-def node_hello(*, node_id, frame: dict, token_hash: str | None = None) -> Node:
+def node_agent_connect(*, token: str) -> tuple[Node, int] | None:
+    """The node `token` belongs to and this socket's session number, larger than that of every socket of the
+    node before it (None for an unknown token). Hellos are ordered by it: see node_hello's `session`."""
+    node = node_for_token(token=token)
+    if node is None:
+        return None
+    with transaction.atomic():
+        # An increment in the database: two sockets connecting at once (any web process) get distinct numbers.
+        Node.objects.filter(pk=node.pk).update(agent_sockets_opened=F("agent_sockets_opened") + 1)
+        session = Node.objects.filter(pk=node.pk).values_list("agent_sockets_opened", flat=True).get()
+    return node, session
+
+
+def node_hello(*, node_id, frame: dict, token_hash: str | None = None, session: int | None = None) -> Node:
     """Apply an agent's hello (already validated by nodeagent.protocol): node facts and its GPU inventory.
 
     The geometry the agent reports is what the server plans with. A GPU uuid that belongs to another
     node is refused and nothing is written (an agent can never write another node's records), except a
     GPU of an offline node of the same provider: it was reinstalled here, and moves with its history. With
-    `token_hash` (the one the socket authenticated with), a token rotated since is refused too.
+    `token_hash` (the one the socket authenticated with), a token rotated since is refused too. With
+    `session` (node_agent_connect's number for the socket), a hello from an older socket than the one whose
+    hello was accepted last is refused (Conflict, code "replaced"): the newest socket speaks for the node.
     """
     now = timezone.now()
     reported = {g["uuid"]: g for g in frame["gpus"]}
@@ -81,6 +101,10 @@ def node_hello(*, node_id, frame: dict, token_hash: str | None = None) -> Node:
         if token_hash is not None and node.token_hash != token_hash:
             raise DomainError("this node's token was rotated; start the agent with the new one",
                               code="unauthorised", status=401)
+        # Under the node's row lock: the race is an older socket's late hello (a backlog still being worked
+        # through, or another web process) landing after a newer socket's was accepted.
+        if session is not None and session < node.agent_session:
+            raise Conflict("a newer connection of this node was accepted; this one is closed", code="replaced")
         # Lock the GPUs claimed from other nodes: the race is two hellos both moving the same GPU.
         foreign = list(Gpu.objects.select_for_update().filter(uuid__in=reported).exclude(node=node)
                        .select_related("node").order_by("uuid"))
@@ -103,13 +127,16 @@ def node_hello(*, node_id, frame: dict, token_hash: str | None = None) -> Node:
         node.agent_version = frame["agent_version"][:40]
         node.backend = frame["backend"][:20]
         node.runtime = (frame.get("runtime") or "")[:40]  # an agent that predates workloads runs none
+        was = node.status
         node.status = Node.Status.DRAINING if node.drain_requested else Node.Status.ONLINE
         node.connected_at = node.last_heartbeat = now
+        if session is not None:
+            node.agent_session = session
         node.save()
         models_by_key = {m.key: m for m in GpuModel.objects.all()}
         existing = {g.uuid: g for g in Gpu.objects.filter(node=node)}
         for uuid, g in reported.items():
-            key = g.get("model") or core_gpus.key_for_nvml_name(g["name"])
+            key = g.get("model") or core_gpus.key_for_gpu(g["name"], g["memory_mib"])
             gpu = existing.get(uuid) or Gpu(node=node, uuid=uuid)
             gpu.index = int(g["index"])
             gpu.name = g["name"][:80]
@@ -121,11 +148,27 @@ def node_hello(*, node_id, frame: dict, token_hash: str | None = None) -> Node:
             _save_gpu_index_safely(gpu)
             _reconcile_instances(gpu=gpu, geometry=geometries[uuid], reported=g.get("instances") or [], now=now)
         Gpu.objects.filter(node=node).exclude(uuid__in=reported).update(present=False)
-        HealthEvent.objects.create(node=node, kind="connected",
-                                   message=f"agent {node.agent_version} ({node.backend}) connected with "
-                                           f"{len(reported)} GPUs")
-    transaction.on_commit(lambda: announce_node(node.pk, {"status": node.status}))
+        _connection_record(node=node, now=now, gpus=len(reported))
+    if node.status != was:  # a reconnect that changes nothing tells the consoles nothing
+        transaction.on_commit(lambda: announce_node(node.pk, {"status": node.status}))
     return node
+
+
+def _connection_record(*, node: Node, now: datetime, gpus: int) -> None:
+    """A "connected" health event, or, when the node's socket closed moments ago, its "disconnected" event
+    turned into one "reconnected" (an agent that reconnects every few seconds writes one event per blip)."""
+    what = f"agent {node.agent_version} ({node.backend}) with {gpus} GPUs"
+    last = (HealthEvent.objects.filter(node=node, kind__in=CONNECTION_EVENTS).order_by("-created_at", "-pk")
+            .first())
+    if last is not None and last.kind == "disconnected" and (
+            gap := (now - last.created_at).total_seconds()) <= RECONNECT_WINDOW_SECONDS:
+        last.kind = "reconnected"
+        closed = _close_said(**{k: last.detail.get(k) for k in ("code", "reason", "by")})
+        last.message = f"{what} reconnected {max(gap, 0):.1f} s after its socket closed ({closed})"[:300]
+        last.detail = {**last.detail, "reconnected_after_seconds": round(max(gap, 0), 3)}
+        last.save(update_fields=["kind", "message", "detail"])
+    else:
+        HealthEvent.objects.create(node=node, kind="connected", message=f"{what} connected")
 
 
 def _may_move(gpu: Gpu, *, to: Node) -> bool:
@@ -227,9 +270,21 @@ def nodes_heartbeat(*, node_ids, at: datetime) -> int:
         return Node.objects.filter(pk__in=ids).update(last_heartbeat=at)
 
 
-def node_disconnected(*, node_id) -> None:
-    """The agent's socket closed: the node stays as it is until the heartbeat timeout says otherwise."""
-    HealthEvent.objects.create(node_id=node_id, kind="disconnected", message="agent socket closed")
+def node_disconnected(*, node_id, session: int, code: int | None, reason: str = "", by: str = "agent") -> bool:
+    """The socket of agent session `session` closed (`by` the agent or the server, with its close code and
+    reason): a "disconnected" health event, unless a newer socket speaks for the node by now (it took over;
+    nothing was lost). The node's status stays as it is until the heartbeat timeout says otherwise."""
+    if not Node.objects.filter(pk=node_id, agent_session=session).exists():
+        return False
+    HealthEvent.objects.create(node_id=node_id, kind="disconnected",
+                               message=f"agent socket closed ({_close_said(code=code, reason=reason, by=by)})"[:300],
+                               detail={"code": code, "reason": reason[:200], "by": by})
+    return True
+
+
+def _close_said(*, code: int | None, reason: str | None, by: str | None) -> str:
+    said = ("by the server, " if by == "server" else "") + (f"code {code}" if code is not None else "no close code")
+    return f"{said}: {reason}" if reason else said
 
 
 def nodes_mark_offline(*, now: datetime | None = None) -> list:

@@ -2,6 +2,7 @@
 real agent processes, on loopback, with their own SQLite database in a temporary folder."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -92,7 +93,7 @@ class LiveStack:
         out = self._run("manage.py", "shell", "-c", SEED % json.dumps(self.spec))
         self.seed = json.loads(out[out.index("SEED") + 4:])
         self._spawn("web", ["-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port",
-                            str(self.port), "--ws", "websockets-sansio", "--log-level", "warning", *self.web_args])
+                            str(self.port), "--ws", "config.wsprotocol:WebSocketProtocol", "--log-level", "warning", *self.web_args])
         wait_until(lambda: self._port_open(), timeout=60, what="the web server")
         if self.celery:
             self._spawn("worker", ["-m", "celery", "-A", "config", "worker", "--pool", "solo", "--without-mingle",
@@ -102,6 +103,17 @@ class LiveStack:
         for node in self.seed["nodes"] if self.start_agents else ():
             self.start_agent(node)
         return self
+
+    @contextlib.contextmanager
+    def running(self):
+        """The started stack, stopped afterwards; its processes' logs printed when something failed."""
+        try:
+            yield self.start()
+        except Exception:
+            print(self.logs())
+            raise
+        finally:
+            self.stop()
 
     def start_agent(self, node: dict, *, command: tuple[str, ...] = (sys.executable, "-m", "nodeagent"),
                     env: dict | None = None) -> subprocess.Popen:

@@ -16,13 +16,8 @@ def stack(tmp_path):
     s = LiveStack(tmp_path, nodes=[("e2e-h100", "h100-80gb:2"), ("e2e-l4", "l4:1")],
                   env={"FLEET_HEARTBEAT_TIMEOUT": "3", "FLEET_OFFLINE_CHECK": "1", "FLEET_METRICS_FLUSH": "0.5"},
                   agent_interval=0.5)
-    try:
-        yield s.start()
-    except Exception:
-        print(s.logs())
-        raise
-    finally:
-        s.stop()
+    with s.running():
+        yield s
 
 
 def test_agents_register_carve_a_mig_instance_stream_metrics_and_a_killed_agent_goes_offline(stack):

@@ -72,13 +72,8 @@ def stack(tmp_path):
         "FLEET_HEARTBEAT_TIMEOUT": "5", "FLEET_OFFLINE_CHECK": "1",
         "MARKET_METER_SECONDS": "0.5", "MARKET_LEASE_TICK_SECONDS": "0.5", "MARKET_QUEUE_SECONDS": "0.5",
         "MARKET_SPOT_NOTICE_SECONDS": "2", "MARKET_PREEMPT_NOTICE_SECONDS": "2"})
-    try:
-        yield s.start()
-    except Exception:
-        print(s.logs())
-        raise
-    finally:
-        s.stop()
+    with s.running():
+        yield s
 
 
 def shell(stack: LiveStack, code: str, tag: str) -> dict:

@@ -309,8 +309,12 @@ async def test_a_command_issued_while_the_hello_is_being_applied_still_reaches_t
     await comm.disconnect()
 
 
-@pytest.mark.parametrize("reading", [{"ecc_dbe": 10**30}, {"ecc_sbe": 1e300}, {"ecc_sbe": 2.5}])
-async def test_an_ecc_counter_the_database_cannot_hold_is_refused_and_later_metrics_are_still_written(reading):
+@pytest.mark.parametrize("reading, reason", [
+    ({"ecc_dbe": 10**30}, "integer count"), ({"ecc_sbe": 1e300}, "integer count"), ({"ecc_sbe": 2.5}, "integer count"),
+    ({"mem_used_mib": 30000, "mem_total_mib": 23034}, "mem_used_mib=30000 is more than mem_total_mib=23034"),
+])
+async def test_a_reading_the_database_cannot_hold_or_that_cannot_be_is_refused_and_later_metrics_are_written(
+        reading, reason):
     node, token = await sync_to_async(node_with_token)()
     backend = sim_backend("l4:1", hostname="poison")
     comm = await connect_agent(token, backend)
@@ -318,7 +322,7 @@ async def test_an_ecc_counter_the_database_cannot_hold_is_refused_and_later_metr
     frame["gpus"][0].update(reading)
     await comm.send_to(text_data=protocol.encode(frame))
     err = json.loads(await comm.receive_from(timeout=5))
-    assert err["type"] == "error" and err["code"] == protocol.E_BAD_FRAME
+    assert err["type"] == "error" and err["code"] == protocol.E_BAD_FRAME and reason in err["message"]
     await INGEST.flush()  # one agent's bad number must not break every later flush
     good = metrics_from(backend)
     await comm.send_to(text_data=protocol.encode(good))

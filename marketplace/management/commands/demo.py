@@ -92,7 +92,7 @@ class Command(BaseCommand):
                 localstripe.register_webhook(api_base=stripe_base, url=f"http://{_loopback(host)}:{port}/stripe/webhook/",
                                              secret=env["STRIPE_WEBHOOK_SECRET"])
             start("web", [py, "-m", "uvicorn", "config.asgi:application", "--host", host, "--port", str(port),
-                          "--ws", "websockets-sansio", "--log-level", "warning"])
+                          "--ws", "config.wsprotocol:WebSocketProtocol", "--log-level", "warning"])
             start("worker", [py, "-m", "celery", "-A", "config", "worker", "--pool", "solo", "--without-mingle",
                              "--without-gossip", "--loglevel", "INFO"])
             start("beat", [py, "-m", "celery", "-A", "config", "beat", "--loglevel", "INFO"])
