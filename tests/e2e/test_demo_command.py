@@ -6,6 +6,7 @@ import itertools
 import pytest
 from django.core.management import call_command
 
+from marketplace.management import supervisor
 from marketplace.management.commands import demo
 
 pytestmark = pytest.mark.django_db
@@ -39,8 +40,8 @@ def fake_children(monkeypatch, tmp_path, settings):
         next(p for p in started if p.pid == pid).returncode = -sig
 
     settings.VAR_DIR = tmp_path
-    monkeypatch.setattr(demo.subprocess, "Popen", popen)
-    monkeypatch.setattr(demo.os, "killpg", killpg)
+    monkeypatch.setattr(supervisor.subprocess, "Popen", popen)
+    monkeypatch.setattr(supervisor.os, "killpg", killpg)
     monkeypatch.setattr(demo.signal, "signal", lambda *a: None)  # keep pytest's own handlers
     monkeypatch.setattr(demo, "_port_free", lambda host, port: True)
     monkeypatch.setattr(demo.localstripe, "available", lambda: True)

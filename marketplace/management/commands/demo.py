@@ -5,7 +5,6 @@ import os
 import secrets
 import signal
 import socket
-import subprocess
 import sys
 import time
 
@@ -14,7 +13,13 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from marketplace.management import localstripe
+from marketplace.management.supervisor import Child, Supervisor, command_line
 from marketplace.products.demo import DEMO_USERS, demo_seed
+
+
+# An agent that exits with these codes cannot be helped by starting it again (nodeagent/client.py).
+AGENT_FINAL = {3: "the server refused its node token (rotated or revoked)",
+               4: "another agent connected with this node's token and replaced it"}
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -58,12 +63,10 @@ class Command(BaseCommand):
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         logs = settings.VAR_DIR / "logs"
         logs.mkdir(exist_ok=True)
-        procs: list[tuple[str, subprocess.Popen]] = []
+        supervisor = Supervisor(self._say, base_env=env)
 
-        def start(name: str, argv: list[str], extra_env: dict | None = None) -> None:
-            out = open(logs / f"{name}.log", "ab")
-            procs.append((name, subprocess.Popen(argv, env={**env, **(extra_env or {})}, stdout=out,
-                                                 stderr=subprocess.STDOUT, start_new_session=True)))
+        def start(name: str, argv: list[str], extra_env: dict | None = None, **how) -> None:
+            supervisor.start(Child(name, argv, logs / f"{name}.log", env=extra_env or {}, **how))
 
         # `kill` or a closed terminal must stop the children too, not only Ctrl-C.
         def _terminate(signum, frame):
@@ -72,7 +75,7 @@ class Command(BaseCommand):
         signal.signal(signal.SIGHUP, _terminate)
         # Everything started is stopped however this ends: Ctrl-C while the web server is still starting,
         # a child that fails to start, or Ctrl-C later (the children run in their own sessions, so the
-        # terminal's SIGINT does not reach them).
+        # terminal's SIGINT does not reach them). Meanwhile a child that exits is started again.
         try:
             fake_stripe = not settings.STRIPE_SECRET_KEY
             if fake_stripe:
@@ -84,13 +87,13 @@ class Command(BaseCommand):
                     raise CommandError(f"port {stripe_port} is in use: stop what runs there or pass --stripe-port")
                 start("localstripe", localstripe.argv(port=stripe_port, python=py))
                 stripe_base = f"http://127.0.0.1:{stripe_port}"
-                env.update({"STRIPE_SECRET_KEY": "sk_test_local", "STRIPE_PUBLISHABLE_KEY": "pk_test_local",
+                supervisor.base_env.update({"STRIPE_SECRET_KEY": "sk_test_local", "STRIPE_PUBLISHABLE_KEY": "pk_test_local",
                             "STRIPE_API_BASE": stripe_base,
                             "STRIPE_WEBHOOK_SECRET": "whsec_demo_" + secrets.token_hex(16)})
                 if not localstripe.wait_until_listening(port=stripe_port):
                     raise CommandError(f"localstripe did not start; see {logs / 'localstripe.log'}")
                 localstripe.register_webhook(api_base=stripe_base, url=f"http://{_loopback(host)}:{port}/stripe/webhook/",
-                                             secret=env["STRIPE_WEBHOOK_SECRET"])
+                                             secret=supervisor.base_env["STRIPE_WEBHOOK_SECRET"])
             start("web", [py, "-m", "uvicorn", "config.asgi:application", "--host", host, "--port", str(port),
                           "--ws", "config.wsprotocol:WebSocketProtocol", "--log-level", "warning"])
             start("worker", [py, "-m", "celery", "-A", "config", "worker", "--pool", "solo", "--without-mingle",
@@ -103,10 +106,10 @@ class Command(BaseCommand):
                         "--bind-address", _loopback(host)] if engine_url else ["--runtime", "simulated"])
             if not no_agents:
                 for spec, node, token in nodes:
-                    start(f"agent-{spec.name}", [py, "-m", "nodeagent", "--server", f"ws://{host}:{port}/ws/agent/",
-                                                 "--simulate", spec.simulate, "--hostname", f"{spec.name}.local",
-                                                 "--busy-on-create", "0.8", *runtime],
-                          {"NODEAGENT_TOKEN": token})
+                    argv = [py, "-m", "nodeagent", "--server", f"ws://{host}:{port}/ws/agent/", "--simulate",
+                            spec.simulate, "--hostname", f"{spec.name}.local", "--busy-on-create", "0.8", *runtime]
+                    start(f"agent-{spec.name}", argv, {"NODEAGENT_TOKEN": token}, final=AGENT_FINAL,
+                          by_hand=command_line(argv, {"NODEAGENT_TOKEN": "<the node's new token>"}))
             url = f"http://{host}:{port}/"
             self.stdout.write(self.style.SUCCESS(f"\nGPU Market is running at {url}"))
             for username, password, staff in DEMO_USERS:
@@ -118,29 +121,18 @@ class Command(BaseCommand):
                 self.stdout.write(f"    {spec.name} ({spec.simulate}): "
                                   f"{'no agent started' if no_agents else runtime_said}")
             if fake_stripe:
-                self.stdout.write(f"  payments: local fake Stripe at {env['STRIPE_API_BASE']} (card 4242424242424242"
+                self.stdout.write(f"  payments: local fake Stripe at {supervisor.base_env['STRIPE_API_BASE']} (card 4242424242424242"
                                   " pays, 4000000000000341 is declined)")
             self.stdout.write(f"  API docs: {url}api/docs/   logs: {logs}/\nPress Ctrl-C to stop everything.\n")
             try:
                 while True:
-                    for name, proc in procs:
-                        if proc.poll() is not None:
-                            raise CommandError(f"{name} exited with {proc.returncode}; see {logs / (name + '.log')}")
+                    supervisor.check()
                     time.sleep(1)
             except KeyboardInterrupt:
                 self.stdout.write("\nstopping…")
         finally:
-            self._stop(procs)
+            supervisor.stop_all()
         self.stdout.write("stopped.")
 
-    @staticmethod
-    def _stop(procs) -> None:
-        for _, proc in reversed(procs):
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 10
-        for _, proc in procs:
-            try:
-                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+    def _say(self, line: str) -> None:
+        self.stdout.write(f"[{time.strftime('%H:%M:%S')}] {line}")
