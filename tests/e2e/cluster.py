@@ -26,7 +26,7 @@ import uuid
 from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
-from tests.e2e.livestack import LiveStack, call_api, free_port, wait_until
+from tests.e2e.livestack import LiveStack, free_port, wait_until
 
 # Beat periods short enough that a test sees metering, the queue, lease ends and offline nodes within seconds.
 FAST_BEAT = {
@@ -110,8 +110,9 @@ class Cluster(LiveStack):
 
     # --- processes ------------------------------------------------------------------------------------------
 
-    def web_url(self, web: int) -> str:
-        return f"http://127.0.0.1:{self.web_ports[web]}"
+    @property
+    def web_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{port}" for port in self.web_ports]
 
     def agent_server(self, node: dict) -> str:
         return f"ws://127.0.0.1:{self.web_ports[self.agent_web[node['name']]]}/ws/agent/"
@@ -149,21 +150,6 @@ class Cluster(LiveStack):
             port = self.web_ports[int(name[3:])]
             wait_until(lambda: self._port_open_at(port), timeout=60, what=f"{name} on port {port}")
         return proc
-
-    def pid(self, name: str) -> int:
-        return self.procs[name].pid
-
-    def api(self, method: str, path: str, body: dict | None = None, *, key: str | None = None,
-            web: int = 0) -> tuple[int, dict]:
-        """Call the REST API through web process `web`, as the seeded provider or as `key`'s owner."""
-        return call_api(self.web_url(web), method, path, body, key=key or self.seed["api_key"])
-
-    def console_url(self, web: int) -> str:
-        return f"ws://127.0.0.1:{self.web_ports[web]}/ws/console/"
-
-    def console_headers(self, session: str, web: int) -> dict:
-        """What a signed-in browser sends when it opens the console socket of web `web`."""
-        return {"Cookie": f"sessionid={session}", "Origin": self.web_url(web)}
 
     def stop(self) -> None:
         try:

@@ -157,9 +157,26 @@ class LiveStack:
             *self.agent_args],
             {"NODEAGENT_TOKEN": node["token"], **(env or {})}, program=program)
 
-    def api(self, method: str, path: str, body: dict | None = None, *, key: str | None = None) -> tuple[int, dict]:
-        """Call the REST API as the seeded provider, or as whoever `key` (an API key) belongs to."""
-        return call_api(self.url, method, path, body, key=key or self.seed["api_key"])
+    @property
+    def web_urls(self) -> list[str]:
+        """The base URL of each web process (one here)."""
+        return [self.url]
+
+    def web_url(self, web: int = 0) -> str:
+        return self.web_urls[web % len(self.web_urls)]
+
+    def api(self, method: str, path: str, body: dict | None = None, *, key: str | None = None,
+            web: int = 0) -> tuple[int, dict]:
+        """Call the REST API through web process `web`, as the seeded provider or as whoever `key` (an API key)
+        belongs to."""
+        return call_api(self.web_url(web), method, path, body, key=key or self.seed["api_key"])
+
+    def console_url(self, web: int = 0) -> str:
+        return self.web_url(web).replace("http://", "ws://", 1) + "/ws/console/"
+
+    def console_headers(self, session: str, web: int = 0) -> dict:
+        """What a signed-in browser sends when it opens the console socket of web process `web`."""
+        return {"Cookie": f"sessionid={session}", "Origin": self.web_url(web)}
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Send `sig` to the process `name` (and its children); wait for it to end unless the signal only pauses
