@@ -64,10 +64,6 @@ class BrowserStack(LiveStack):
         self._run("manage.py", "shell", "-c", SEED_USERS % (json.dumps(USERS), PASSWORD))
         return self
 
-    def shell(self, code: str) -> str:
-        """Run Django code against the stack's database (for assertions the page cannot show)."""
-        return self._run("manage.py", "shell", "-c", code)
-
 
 @pytest.fixture(scope="session")
 def stack(tmp_path_factory):

@@ -15,11 +15,20 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-SEED = r"""
-import json
-from django.contrib.auth import get_user_model
+# What a signed-in browser holds: a session in the database (any web process reads it) for `user`.
+SESSION = r"""
 from django.contrib.sessions.backends.db import SessionStore
 from django.contrib.auth import SESSION_KEY, BACKEND_SESSION_KEY, HASH_SESSION_KEY
+def session_for(user):
+    s = SessionStore()
+    s[SESSION_KEY] = str(user.pk); s[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    s[HASH_SESSION_KEY] = user.get_session_auth_hash(); s.create()
+    return s.session_key
+"""
+
+SEED = SESSION + r"""
+import json
+from django.contrib.auth import get_user_model
 from marketplace.products.apikeys import api_key_create
 from scheduler.services.nodes import node_register
 spec = json.loads(%r)
@@ -29,10 +38,27 @@ for name, simulate in spec:
     node, token = node_register(provider=user, name=name)
     nodes.append({"id": str(node.pk), "name": name, "token": token, "simulate": simulate})
 _, key = api_key_create(user=user, name="e2e")
-s = SessionStore()
-s[SESSION_KEY] = str(user.pk); s[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
-s[HASH_SESSION_KEY] = user.get_session_auth_hash(); s.create()
-print("SEED" + json.dumps({"nodes": nodes, "api_key": key, "session": s.session_key}))
+print("SEED" + json.dumps({"nodes": nodes, "api_key": key, "session": session_for(user)}))
+"""
+
+# Buyers with money in their wallets (a top-up through the ledger, as Stripe's would be), each with an API key
+# and a signed-in session: [{"name", "api_key", "session"}].
+BUYERS = SESSION + r"""
+import json
+from decimal import Decimal
+from django.contrib.auth import get_user_model
+from marketplace.money import ledger
+from marketplace.products.apikeys import api_key_create
+names, credit = json.loads(%r)
+buyers = []
+for name in names:
+    user = get_user_model().objects.create_user(name, password="e2e-password")
+    ledger.post(kind="topup", memo="e2e top-up", idempotency_key=f"e2e-topup-{name}",
+                lines=[(ledger.platform_account("stripe_clearing"), -Decimal(credit)),
+                       (ledger.account_for(user=user, kind="wallet"), Decimal(credit))])
+    _, key = api_key_create(user=user, name="e2e")
+    buyers.append({"name": name, "id": user.pk, "api_key": key, "session": session_for(user)})
+print("BUYERS" + json.dumps(buyers))
 """
 
 
@@ -62,6 +88,7 @@ class LiveStack:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.procs: dict[str, subprocess.Popen] = {}
+        self.spawned: dict[str, tuple[str, list[str], dict]] = {}  # name -> how it was started, for restart()
         self.celery = celery
         self.agent_interval = agent_interval
         self.start_agents = start_agents
@@ -80,18 +107,28 @@ class LiveStack:
             raise RuntimeError(f"{argv} failed: {out.stderr[-2000:]}")
         return out.stdout
 
+    def shell(self, code: str, tag: str | None = None):
+        """Run Django code against the stack's database (`manage.py shell -c`): its output, or the JSON it
+        printed after `tag`."""
+        out = self._run("manage.py", "shell", "-c", code)
+        return json.loads(out[out.index(tag) + len(tag):]) if tag else out
+
     def _spawn(self, name: str, argv: list[str], env: dict | None = None, *,
                program: str = sys.executable) -> subprocess.Popen:
-        log = open(self.tmp / f"{name}.log", "ab")
-        proc = subprocess.Popen([program, *argv], cwd=ROOT, env={**self.env, **(env or {})}, stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        self.spawned[name] = (program, argv, env or {})
+        with open(self.tmp / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen([program, *argv], cwd=ROOT, env={**self.env, **(env or {})}, stdout=log,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
         self.procs[name] = proc
         return proc
 
     def start(self) -> "LiveStack":
         self._run("manage.py", "migrate", "-v", "0")
-        out = self._run("manage.py", "shell", "-c", SEED % json.dumps(self.spec))
-        self.seed = json.loads(out[out.index("SEED") + 4:])
+        self.seed = self.shell(SEED % json.dumps(self.spec), "SEED")
+        self._start_processes()
+        return self
+
+    def _start_processes(self) -> None:
         self._spawn("web", ["-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port",
                             str(self.port), "--ws", "config.wsprotocol:WebSocketProtocol", "--log-level", "warning", *self.web_args])
         wait_until(lambda: self._port_open(), timeout=60, what="the web server")
@@ -102,7 +139,14 @@ class LiveStack:
                                  "--schedule", str(self.tmp / "beat-schedule")])
         for node in self.seed["nodes"] if self.start_agents else ():
             self.start_agent(node)
-        return self
+
+    def add_buyers(self, names: list[str], *, credit: str = "1000") -> list[dict]:
+        """Buyers with `credit` USD in their wallets, each with an API key and a console session."""
+        return self.shell(BUYERS % json.dumps([names, credit]), "BUYERS")
+
+    def agent_server(self, node: dict) -> str:
+        """The agent socket URL `node`'s agent connects to."""
+        return f"ws://127.0.0.1:{self.port}/ws/agent/"
 
     @contextlib.contextmanager
     def running(self):
@@ -120,10 +164,52 @@ class LiveStack:
         """`command`: what runs the agent (default this checkout's package; an installed `gpumarket-agent`)."""
         program, *prefix = command
         return self._spawn(f"agent-{node['name']}", [
-            *prefix, "--server", f"ws://127.0.0.1:{self.port}/ws/agent/", "--simulate", node["simulate"],
+            *prefix, "--server", self.agent_server(node), "--simulate", node["simulate"],
             "--hostname", f"{node['name']}.e2e", "--interval", str(self.agent_interval), "--seed", "7",
             *self.agent_args],
             {"NODEAGENT_TOKEN": node["token"], **(env or {})}, program=program)
+
+    @property
+    def web_urls(self) -> list[str]:
+        """The base URL of each web process (one here)."""
+        return [self.url]
+
+    def web_url(self, web: int = 0) -> str:
+        return self.web_urls[web % len(self.web_urls)]
+
+    def api(self, method: str, path: str, body: dict | None = None, *, key: str | None = None,
+            web: int = 0) -> tuple[int, dict]:
+        """Call the REST API through web process `web`, as the seeded provider or as whoever `key` (an API key)
+        belongs to."""
+        return call_api(self.web_url(web), method, path, body, key=key or self.seed["api_key"])
+
+    def console_url(self, web: int = 0) -> str:
+        return self.web_url(web).replace("http://", "ws://", 1) + "/ws/console/"
+
+    def console_headers(self, session: str, web: int = 0) -> dict:
+        """What a signed-in browser sends when it opens the console socket of web process `web`."""
+        return {"Cookie": f"sessionid={session}", "Origin": self.web_url(web)}
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send `sig` to the process `name` (and its children); wait for it to end unless the signal only pauses
+        or nudges it (SIGSTOP, SIGHUP...)."""
+        proc = self.procs[name]
+        os.killpg(proc.pid, sig)
+        if sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGINT, signal.SIGQUIT):
+            proc.wait(timeout=10)
+
+    def restart(self, name: str) -> subprocess.Popen:
+        """Start `name` again as it was first started (stopping it first if it still runs)."""
+        proc = self.procs[name]
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        program, argv, env = self.spawned[name]
+        return self._spawn(name, argv, env, program=program)
 
     def _port_open(self) -> bool:
         return self._port_open_at(self.port)
@@ -132,23 +218,6 @@ class LiveStack:
     def _port_open_at(port: int) -> bool:
         with socket.socket() as s:
             return s.connect_ex(("127.0.0.1", port)) == 0
-
-    def api(self, method: str, path: str, body: dict | None = None, *, key: str | None = None) -> tuple[int, dict]:
-        """Call the REST API as the seeded provider, or as whoever `key` (an API key) belongs to."""
-        req = urllib.request.Request(self.url + path, method=method,
-                                     data=json.dumps(body).encode() if body is not None else None,
-                                     headers={"Authorization": f"Bearer {key or self.seed['api_key']}",
-                                              "Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
-                return resp.status, json.loads(resp.read() or b"{}")
-        except urllib.error.HTTPError as err:
-            return err.code, json.loads(err.read() or b"{}")
-
-    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        proc = self.procs[name]
-        os.killpg(proc.pid, sig)
-        proc.wait(timeout=10)
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}" for p in self.tmp.glob("*.log"))
@@ -165,3 +234,20 @@ class LiveStack:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def call_api(base: str, method: str, path: str, body: dict | None = None, *, key: str,
+             timeout: float = 10) -> tuple[int, dict]:
+    """One REST call with an API key: (status, JSON body)."""
+    req = urllib.request.Request(base + path, method=method,
+                                 data=json.dumps(body).encode() if body is not None else None,
+                                 headers={"Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        raw = err.read()
+        try:
+            return err.code, json.loads(raw or b"{}")
+        except ValueError:  # not JSON (a proxy's or the server's plain 500 page): kept to be reported
+            return err.code, {"raw": raw.decode(errors="replace")[:500]}
