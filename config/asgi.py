@@ -15,6 +15,7 @@ from django.urls import path  # noqa: E402
 
 from marketplace.consumers import ConsoleConsumer  # noqa: E402
 from scheduler.gateway.consumer import AgentConsumer  # noqa: E402
+from scheduler.gateway.lifespan import lifespan  # noqa: E402
 
 # Agents are not browsers: they send no Origin and authenticate with their node token, so their route
 # skips the origin check; console sockets ride the browser session and must come from our own pages.
@@ -30,7 +31,7 @@ async def websocket_router(scope, receive, send):
     return await console_routes(scope, receive, send)
 
 
-application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": websocket_router})
+application = ProtocolTypeRouter({"http": django_asgi_app, "websocket": websocket_router, "lifespan": lifespan})
 
 # What the process loaded to start (Django, the apps, their modules) lives as long as it does: keep it out of the
 # collector's full passes, which otherwise walk it on every one (a web process holding the market's pool
