@@ -147,7 +147,8 @@ class MetricsIngest:
             in_memory = connections["default"].vendor == "sqlite" and connections["default"].is_in_memory_db()
             self.process = settings.FLEET["METRICS_WRITER_PROCESS"] and not in_memory
         if self.process and self.writer is None:
-            self.writer = WriterProcess(database=dict(connections["default"].settings_dict))
+            self.writer = WriterProcess(database=dict(connections["default"].settings_dict),
+                                        timeout=settings.FLEET["METRICS_WRITE_TIMEOUT_SECONDS"])
         return self.writer if self.process else None
 
     def close(self) -> None:

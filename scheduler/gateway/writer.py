@@ -10,7 +10,8 @@ The pipe carries length-prefixed pickles: first the database settings the web pr
 database or a renamed one is the writer's too), then one `(latest, rollups, heard)` per flush, each answered
 `("ok",)` or `("error", text)`. A writer that died is started again at the next flush and the flush it had
 is retried: a writer killed after its commit but before its answer writes that flush twice (the latest
-values and heartbeats are idempotent; that flush's rollup samples count twice). Clean shutdown: the web
+values and heartbeats are idempotent; that flush's rollup samples count twice). A flush unanswered for
+FLEET_METRICS_WRITE_TIMEOUT (a database that hangs) ends that writer and counts as failed. Clean shutdown: the web
 process writes what it holds, then closes the pipe; the writer exits at end of input, and ignores SIGINT
 and SIGTERM (sent to the whole process group by Ctrl-C or a service manager) so it cannot die first.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import select
 import signal
 import struct
 import subprocess
@@ -61,8 +63,9 @@ def _recv(stream):
 class WriterProcess:
     """The web process's handle on its writer: `write()` blocks (call it from a thread), one at a time."""
 
-    def __init__(self, *, database: dict) -> None:
+    def __init__(self, *, database: dict, timeout: float = 60.0) -> None:
         self.database = database
+        self.timeout = timeout  # a flush unanswered this long (a database that hangs) is given up: see write()
         self.proc: subprocess.Popen | None = None
         self.starts = 0
         self.in_flight = False  # a flush is on the pipe, not yet answered
@@ -102,13 +105,20 @@ class WriterProcess:
             try:
                 self.in_flight = True
                 _send(self.proc.stdin, ("write", latest, rollups, heard))
+                if not select.select([self.proc.stdout], [], [], self.timeout)[0]:
+                    # A database that hangs instead of refusing (a dropped route, a lock held for ever): end
+                    # this writer so the flush counts as failed and the web process's buffer cap applies.
+                    self.proc.kill()
+                    self._reap()
+                    raise WriteFailed(f"the metrics writer did not answer within {self.timeout:g} s; restarted")
                 reply = _recv(self.proc.stdout)
             except (BrokenPipeError, ConnectionResetError):
                 reply = None
             finally:
                 self.in_flight = False
             if reply is None:
-                raise WriterGone(f"the metrics writer process exited (code {self.proc.wait()}) during a flush")
+                self._reap()
+                raise WriterGone(f"the metrics writer process exited (code {self.proc.returncode}) during a flush")
             if reply[0] != "ok":
                 raise WriteFailed(reply[1])
 

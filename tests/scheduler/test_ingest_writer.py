@@ -69,11 +69,11 @@ class WriterDb:
     def samples(self, gpu_id: int) -> int:
         return self.one(f"select coalesce(sum(samples), 0) from scheduler_gpumetricrollup where gpu_id = {gpu_id}")
 
-    def writer(self, *, lock_wait: float = 30.0) -> WriterProcess:
+    def writer(self, *, lock_wait: float = 30.0, timeout: float = 60.0) -> WriterProcess:
         """A writer process on this database that gives up on a locked table after `lock_wait` seconds."""
         options = ({"timeout": lock_wait} if self.sqlite
                    else {**self.settings.get("OPTIONS", {}), "options": f"-c lock_timeout={int(lock_wait * 1000)}"})
-        return WriterProcess(database={**self.settings, "OPTIONS": options})
+        return WriterProcess(database={**self.settings, "OPTIONS": options}, timeout=timeout)
 
     @contextlib.contextmanager
     def locked(self):
@@ -172,6 +172,20 @@ async def test_a_writer_process_killed_during_a_flush_is_started_again_and_the_f
     add(ingest, gpu, 4, 70)
     await ingest.flush()
     assert ingest.writer.starts == 3 and db.samples(gpu.pk) == 4
+
+
+async def test_a_flush_the_writer_does_not_answer_in_time_fails_and_the_next_writer_writes_it(gpu, db, ingest):
+    ingest.writer = db.writer(lock_wait=120, timeout=1)  # a database that hangs rather than refuses
+    add(ingest, gpu, 1, 40)
+    await ingest.flush()
+    add(ingest, gpu, 2, 50)
+    with db.locked():
+        with pytest.raises(WriteFailed, match="did not answer within 1 s"):
+            await ingest.flush()
+        assert ingest.writer.pid is None  # the hung writer was ended
+    assert sum(agg.n for agg in ingest.rollups.values()) == 1  # kept for the next flush (and under the cap)
+    await ingest.flush()
+    assert ingest.writer.starts == 2 and db.samples(gpu.pk) == 2
 
 
 async def test_memory_stays_bounded_while_the_database_is_away_and_one_writer_process_waits_it_out(
