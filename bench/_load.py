@@ -4,7 +4,9 @@ modes:
   gateway  — N agents speak protocol v1 to /ws/agent/ (hello, then one metrics frame per interval with
              8 GPU samples); S console sockets subscribe to nodes and record send→receive latency.
   echo     — N connections send the same frames to the echo server and record the round trip.
-`--rate 0` sends as fast as the server takes them (saturation). Prints one JSON line of results.
+`--interval 0` sends as fast as the server takes them (saturation). `--port` may list several web processes
+(`8001,8002`): agent i speaks to process i mod n, console s to process s+1 mod n, so a console watches
+agents of another process too. Prints one JSON line of results.
 """
 from __future__ import annotations
 
@@ -101,8 +103,9 @@ async def main(args) -> dict:
     stats = {"connected": 0, "expected": len(nodes), "sent": 0, "echoed": 0, "closed": 0}
     latencies: list[float] = []
     tasks = []
+    ports = [int(p) for p in args.port.split(",")]
     for i, node in enumerate(nodes):
-        url = f"ws://127.0.0.1:{args.port}/ws/{'echo' if args.mode == 'echo' else 'agent'}/"
+        url = f"ws://127.0.0.1:{ports[i % len(ports)]}/ws/{'echo' if args.mode == 'echo' else 'agent'}/"
         if args.mode == "echo" and args.interval > 0:
             url += "?reply=1"  # at a fixed rate the echo comes back, for the latency
         tasks.append(asyncio.create_task(agent(url, node["token"], f"bench-{i}", args.gpus, args.interval, clock,
@@ -113,8 +116,9 @@ async def main(args) -> dict:
         per = max(1, len(nodes) // args.subscribers)
         for s in range(args.subscribers):
             ids = [n["id"] for n in nodes[s * per:(s + 1) * per]][:50]
-            tasks.append(asyncio.create_task(console(f"ws://127.0.0.1:{args.port}/ws/console/", seed["session"],
-                                                     f"http://127.0.0.1:{args.port}", ids, clock, latencies)))
+            port = ports[(s + 1) % len(ports)]
+            tasks.append(asyncio.create_task(console(f"ws://127.0.0.1:{port}/ws/console/", seed["session"],
+                                                     f"http://127.0.0.1:{port}", ids, clock, latencies)))
     deadline = time.time() + 120
     while stats["connected"] < len(nodes) and time.time() < deadline:
         failed = [t for t in tasks if t.done() and t.exception()]
@@ -140,7 +144,7 @@ async def main(args) -> dict:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--mode", choices=["gateway", "echo"], required=True)
-    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--port", required=True, help="a port, or several separated by commas")
     ap.add_argument("--seed", required=True)
     ap.add_argument("--nodes", type=int, default=500)
     ap.add_argument("--gpus", type=int, default=8)

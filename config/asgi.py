@@ -15,6 +15,7 @@ from django.urls import path  # noqa: E402
 
 from marketplace.consumers import ConsoleConsumer  # noqa: E402
 from scheduler.gateway.consumer import AgentConsumer  # noqa: E402
+from scheduler.gateway.lifespan import lifespan  # noqa: E402
 from scheduler.gateway.relay import RELAY  # noqa: E402
 
 # Agents are not browsers: they send no Origin and authenticate with their node token, so their route
@@ -31,7 +32,7 @@ async def websocket_router(scope, receive, send):
     return await console_routes(scope, receive, send)
 
 
-router = ProtocolTypeRouter({"http": django_asgi_app, "websocket": websocket_router})
+router = ProtocolTypeRouter({"http": django_asgi_app, "websocket": websocket_router, "lifespan": lifespan})
 
 
 async def application(scope, receive, send):

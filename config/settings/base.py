@@ -153,6 +153,11 @@ FLEET = {
     # GPU-minute aggregates a web process keeps while flushes fail (database away); past it the oldest
     # minutes are dropped. 200,000 is 50 minutes of 500 nodes x 8 GPUs, a few hundred bytes each.
     "METRICS_BUFFER_MAX_ROLLUPS": env_int("FLEET_METRICS_BUFFER_MAX_ROLLUPS", 200_000, minimum=1),
+    # Each web process writes its metrics flushes through a writer process of its own (scheduler/gateway/
+    # writer.py), off the interpreter its websockets run in; off: in a thread of the web process.
+    "METRICS_WRITER_PROCESS": env_bool("FLEET_METRICS_WRITER_PROCESS", True),
+    # A flush the writer has not answered after this long (a database that hangs) counts as failed.
+    "METRICS_WRITE_TIMEOUT_SECONDS": env_float("FLEET_METRICS_WRITE_TIMEOUT", 60.0, minimum=1.0),
     "COMMAND_TIMEOUT_SECONDS": env_float("FLEET_COMMAND_TIMEOUT", 30.0, minimum=1.0),
     "OFFLINE_CHECK_SECONDS": env_float("FLEET_OFFLINE_CHECK", 5.0, minimum=0.5),
     # Health thresholds that cordon a GPU (DESIGN.md §7).

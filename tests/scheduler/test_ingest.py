@@ -48,7 +48,7 @@ async def test_samples_of_one_minute_flushed_by_two_processes_merge_into_one_rol
 
 
 async def test_a_failed_flush_keeps_its_samples_for_the_next_one(gpu, monkeypatch):
-    buf = MetricsIngest()
+    buf = MetricsIngest(process=False)  # the failure is injected into this process's _write
     buf.add(node_id=gpu.node_id, ts=MINUTE + 1, samples=[(gpu.pk, sample(40))])
     real_write = ingest_module._write
 
@@ -67,7 +67,7 @@ async def test_a_failed_flush_keeps_its_samples_for_the_next_one(gpu, monkeypatc
 async def test_a_long_database_outage_keeps_only_the_newest_gpu_minutes_and_counts_and_logs_the_dropped_ones(
         gpu, monkeypatch, settings, caplog):
     settings.FLEET = {**settings.FLEET, "METRICS_BUFFER_MAX_ROLLUPS": 3}
-    buf = MetricsIngest()
+    buf = MetricsIngest(process=False)
 
     def broken(*args):
         raise RuntimeError("database went away")
