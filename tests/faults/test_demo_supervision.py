@@ -2,19 +2,16 @@
 token was rotated is reported and left stopped, and only SIGTERM stops everything."""
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import threading
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.livestack import free_port, wait_until
+from tests.e2e.livestack import call_api, free_port, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.e2e
@@ -26,16 +23,6 @@ from scheduler.models import Node
 _, key = api_key_create(user=get_user_model().objects.get(username="provider"), name="supervision test")
 print("KEY", key, Node.objects.get(name="demo-l4").pk)
 """
-
-
-def call_api(base: str, method: str, path: str, *, key: str) -> tuple[int, dict]:
-    req = urllib.request.Request(base + path, method=method, data=b"{}", headers={
-        "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
-            return resp.status, json.loads(resp.read() or b"{}")
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
 
 
 def _children(pid: int) -> dict[int, str]:
@@ -107,7 +94,7 @@ def test_the_demo_restarts_a_killed_worker_leaves_a_rotated_agent_stopped_and_st
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     _, key, node_id = out.stdout[out.stdout.index("KEY"):].split()
-    status, _ = call_api(demo.url, "POST", f"/api/v1/nodes/{node_id}/rotate-token/", key=key)
+    status, _ = call_api(demo.url, "POST", f"/api/v1/nodes/{node_id}/rotate-token/", {}, key=key)
     assert status == 200
     wait_until(lambda: any("agent-demo-l4 exited with code 3" in line for line in demo.lines), timeout=30,
                what="the demo reporting the agent whose token was rotated")
