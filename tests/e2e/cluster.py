@@ -126,7 +126,7 @@ class Cluster(LiveStack):
     def _start_processes(self) -> None:
         for i, port in enumerate(self.web_ports):
             self._spawn(f"web{i}", ["-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port",
-                                    str(port), "--ws", "websockets-sansio", "--log-level", "warning",
+                                    str(port), "--ws", "config.wsprotocol:WebSocketProtocol", "--log-level", "warning",
                                     *self.web_args])
         for i, port in enumerate(self.web_ports):
             wait_until(lambda: self._port_open_at(port), timeout=60, what=f"web{i} on port {port}")

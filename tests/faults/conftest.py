@@ -1,0 +1,41 @@
+"""One production-layout stack for the whole fault suite (tests/e2e/cluster.py): 2 uvicorn processes, 2 Celery
+workers and beat on PostgreSQL + its own Redis, agents spread over both web processes, a buyer with credit.
+
+Fault tests share it (session scope: one stack, started once): each injects its fault, lets the stack recover,
+puts back what it broke (restarts what it killed) and ends with `assert_invariants(cluster)`."""
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.cluster import running_cluster
+from tests.e2e.livestack import wait_until
+
+# MIG slices (H100, A100) and whole GPUs (L4), two nodes per web process.
+NODES = [("f-h100-a", "h100-80gb:2"), ("f-a100-b", "a100-80gb:2"), ("f-l4-a", "l4:4"), ("f-l4-b", "l4:4")]
+AGENT_WEB = {"f-h100-a": 0, "f-a100-b": 1, "f-l4-a": 0, "f-l4-b": 1}
+
+
+@pytest.fixture(scope="session")
+def fault_cluster(tmp_path_factory):
+    yield from running_cluster(tmp_path_factory.mktemp("faults"), nodes=NODES, webs=2, workers=2, concurrency=2,
+                               agent_web=AGENT_WEB, agent_interval=0.5)
+
+
+@pytest.fixture(scope="session")
+def cluster(fault_cluster):
+    """The stack with every agent online (asked of both web processes)."""
+    wait_for_online(fault_cluster)
+    return fault_cluster
+
+
+@pytest.fixture(scope="session")
+def buyer(cluster) -> dict:
+    return cluster.add_buyers(["fault-buyer"], credit="100000")[0]
+
+
+def wait_for_online(cluster, timeout: float = 60) -> dict:
+    def all_online():
+        _, body = cluster.api("GET", f"/api/v1/nodes/?limit={len(NODES)}")
+        nodes = {n["name"]: n["status"] for n in body.get("results", [])}
+        return nodes if all(nodes.get(name) == "online" for name, _ in NODES) else None
+    return wait_until(all_online, timeout=timeout, what="every agent online")
