@@ -125,12 +125,12 @@ def start(tmp: Path, args, env: dict) -> tuple[LiveStack, list[int], int]:
     if args.redis:  # the second web process of the production layout, on the same database and layer
         ports.append(free_port())
         stack._spawn("web2", ["-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port",
-                              str(ports[1]), "--ws", "websockets-sansio", "--log-level", "warning",
+                              str(ports[1]), "--ws", "config.wsprotocol:WebSocketProtocol", "--log-level", "warning",
                               "--ws-ping-interval", "86400"])
         wait_until(lambda: stack._port_open_at(ports[1]), timeout=60, what="the second web process")
     echo_port = free_port()
     stack._spawn("echo", ["-m", "uvicorn", "bench.echo_asgi:application", "--host", "127.0.0.1", "--port",
-                          str(echo_port), "--ws", "websockets-sansio", "--log-level", "warning",
+                          str(echo_port), "--ws", "config.wsprotocol:WebSocketProtocol", "--log-level", "warning",
                           "--ws-ping-interval", "86400"])
     wait_until(lambda: stack._port_open_at(echo_port), timeout=60, what="the echo server")
     return stack, ports, echo_port

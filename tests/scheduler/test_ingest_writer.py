@@ -212,7 +212,7 @@ async def test_a_clean_shutdown_of_the_web_server_writes_what_it_had_buffered(gp
                FLEET_METRICS_FLUSH="60", LOG_LEVEL="WARNING")
     log = open(tmp_path / "web.log", "wb")
     web = subprocess.Popen([sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
-                            "--port", str(port), "--ws", "websockets-sansio", "--log-level", "warning"],
+                            "--port", str(port), "--ws", "config.wsprotocol:WebSocketProtocol", "--log-level", "warning"],
                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         await asyncio.to_thread(wait_until, lambda: LiveStack._port_open_at(port), timeout=60, what="the web server")
