@@ -139,7 +139,7 @@ class DbPool:
         if min_size > max_size:
             raise ImproperlyConfiguredEnv("DB_POOL_MIN", f"{min_size} is above DB_POOL_MAX {max_size}")
         return cls(min_size=min_size, max_size=max_size,
-                   timeout=env_float("DB_POOL_TIMEOUT", 10.0, minimum=0.1, maximum=600))
+                   timeout=env_float("DB_POOL_TIMEOUT", 30.0, minimum=0.1, maximum=600))
 
     def options(self) -> dict:
         # Connections above min_size that sat idle this long are closed: a burst's connections do not stay open.

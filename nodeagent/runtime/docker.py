@@ -215,18 +215,24 @@ class DockerRuntime(Runtime):
             raise self._fail(spec.lease, f"the engine refused the image {spec.image}: {_why(exc)}")
         state(self.report, spec.lease, "starting")
         kwargs = self.create_kwargs(spec)
-        try:
-            container = self._create(kwargs)
-            if spec.ssh_keys:
-                # sshd and dropbear refuse keys in a file, or under a directory, that others could write to.
-                keys = ("\n".join(spec.ssh_keys) + "\n").encode()
-                container.put_archive("/", _tar({"root/.ssh/authorized_keys": (keys, 0o600)},
-                                                {"root": 0o700, "root/.ssh": 0o700}))
-            container.start()
-            container.reload()
-        except self._engine_errors as exc:  # a missing command, a port taken, the engine gone
-            self._remove_quietly(container_name(spec.lease))
-            raise self._fail(spec.lease, f"the container did not start: {_why(exc)}")
+        for attempt, pause in enumerate((*START_RETRY_PAUSES, None)):
+            try:
+                container = self._create(kwargs)
+                if spec.ssh_keys:
+                    # sshd and dropbear refuse keys in a file, or under a directory, that others could write to.
+                    keys = ("\n".join(spec.ssh_keys) + "\n").encode()
+                    container.put_archive("/", _tar({"root/.ssh/authorized_keys": (keys, 0o600)},
+                                                    {"root": 0o700, "root/.ssh": 0o700}))
+                container.start()
+                container.reload()
+                break
+            except self._engine_errors as exc:  # a missing command, a port taken, the engine gone or overloaded
+                self._remove_quietly(container_name(spec.lease))
+                if pause is None or not _transient(exc):
+                    raise self._fail(spec.lease, f"the container did not start: {_why(exc)}")
+                log.warning("starting the container of lease %s failed (%s); trying again in %g s", spec.lease,
+                            _why(exc), pause)
+                time.sleep(pause)
         st = container.attrs.get("State", {})
         if st.get("Status") != "running" and st.get("ExitCode"):
             # It died at start (a bad argument, a crash): a failure, with the code and its own last words.
@@ -440,3 +446,14 @@ def listed_containers(client, filters: dict) -> list[dict[str, Any]]:
     return [{"id": c["Id"], "name": (c.get("Names") or [""])[0].lstrip("/"), "labels": c.get("Labels") or {},
              "state": c.get("State") or ""}
             for c in client.api.containers(all=True, filters=filters)]
+
+
+# A container start the engine failed on its side (a 5xx: e.g. Podman's "passing bulk input to subprocess: write
+# |1: broken pipe" when its runtime helper dies under load) is tried again after these pauses; a refusal of the
+# request itself (a 4xx: bad command, missing image) is not.
+START_RETRY_PAUSES = (0.5, 2.0)
+
+
+def _transient(exc: Exception) -> bool:
+    status = getattr(getattr(exc, "response", None), "status_code", None)
+    return status is None or status >= 500

@@ -5,13 +5,14 @@ locks), with every refusal in the API's one JSON error shape and no 5xx."""
 from __future__ import annotations
 
 import json
-from concurrent.futures import ThreadPoolExecutor
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import pytest
 from websockets.sync.client import connect
 
 from tests.e2e.cluster import running_cluster
-from tests.e2e.livestack import wait_until
+from tests.e2e.livestack import call_api, wait_until
 
 pytestmark = [pytest.mark.e2e]
 
@@ -22,11 +23,10 @@ NODES = [(f"l4-{i}", f"l4:{L4_PER_NODE}") for i in range(L4_NODES)] + [("a10", "
 AGENT_WEB = {name: i % 2 for i, (name, _) in enumerate(NODES)} | {"a10": 0}
 CAPACITY = L4_NODES * L4_PER_NODE
 ORDERS = 200
-# Requests in flight at once, per web process. Each in-flight request holds its own PostgreSQL connection (Django
-# under ASGI: one thread, so one connection, per request) and the server allows 100 for every client. Measured
-# without a connection pool (max_connections=100, shared): 2 x 10 in flight gave 0 5xx; 2 x 25 gave 20 of 200
-# answers 500 and 2 x 100 gave 106 of 200 ("too many clients already"). Raise it once the web pools connections.
-IN_FLIGHT_PER_WEB = 10
+# All 200 in flight at once: two OS processes, one per web process, each sending its 100 from 100 threads. Each web
+# process draws its database connections from its pool (DB_POOL_MAX, 10 by default), so the burst queues for
+# connections instead of opening 200 (before the pool: 2 x 25 in flight gave 20 answers 500 "too many clients").
+ORDER = {"mode": "on_demand", "gpu_models": ["l4"], "whole_gpu": True}
 
 OPEN_LEASES = r"""
 import json
@@ -94,16 +94,17 @@ def test_a_lease_going_running_reaches_the_buyers_console_on_the_other_web_proce
     assert cluster.api("GET", f"/api/v1/leases/{lease}/", key=buyer["api_key"], web=other(web))[1]["state"] == "running"
 
 
+def _burst(url: str, key: str, count: int) -> list[tuple[int, dict]]:
+    """`count` orders at once through one web process (run in its own OS process)."""
+    with ThreadPoolExecutor(count) as pool:
+        return list(pool.map(lambda _: call_api(url, "POST", "/api/v1/orders/", ORDER, key=key, timeout=120),
+                             range(count)))
+
+
 def test_concurrent_orders_through_both_web_processes_never_take_a_gpu_twice(cluster, online, buyer):
-    body = {"mode": "on_demand", "gpu_models": ["l4"], "whole_gpu": True}
-
-    def place(i: int) -> tuple[int, dict]:
-        return cluster.api("POST", "/api/v1/orders/", body, key=buyer["api_key"], web=i % 2)
-
-    # Two pools, one per web process, each keeping IN_FLIGHT_PER_WEB requests in flight until the 200 are sent.
-    with ThreadPoolExecutor(IN_FLIGHT_PER_WEB) as web0, ThreadPoolExecutor(IN_FLIGHT_PER_WEB) as web1:
-        futures = [(web0 if i % 2 == 0 else web1).submit(place, i) for i in range(ORDERS)]
-        answers = [f.result() for f in futures]
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as senders:
+        bursts = senders.map(_burst, cluster.web_urls, [buyer["api_key"]] * 2, [ORDERS // 2] * 2)
+        answers = [answer for burst in bursts for answer in burst]
 
     statuses = [status for status, _ in answers]
     server_errors = [(status, answer) for status, answer in answers if status >= 500]

@@ -271,6 +271,30 @@ def test_a_command_the_image_lacks_fails_with_the_engines_words_and_leaves_no_co
     assert _gone(engine, lease)
 
 
+def test_a_start_the_engine_failed_on_its_side_is_tried_again_and_runs(runtime, frames, engine, busybox_image, lease,
+                                                                       monkeypatch):
+    """Podman under load can fail a start on its side ("passing bulk input to subprocess: write |1: broken pipe",
+    a 500): the agent tries again rather than failing the buyer's lease at once."""
+    import docker
+
+    collection = docker.models.containers.ContainerCollection
+    real_create, calls = collection.create, []
+
+    def flaky_create(self, **kwargs):
+        calls.append(kwargs["name"])
+        if len(calls) == 1:
+            response = type("Response", (), {"status_code": 500, "reason": "Internal Server Error"})()
+            raise docker.errors.APIError("start", response=response,
+                                         explanation="passing bulk input to subprocess: write |1: broken pipe")
+        return real_create(self, **kwargs)
+
+    monkeypatch.setattr(collection, "create", flaky_create)
+    runtime.start(_spec(lease, busybox_image, command=["sleep", "30"]))
+    assert frames.wait_state(lease, "running")
+    assert len(calls) == 2 and frames.states(lease) == ["starting", "running"]
+    runtime.stop(lease, grace_seconds=0)
+
+
 # --- what the engine is asked for -------------------------------------------------------------------------------
 
 def test_the_container_gets_the_specs_limits_labels_ports_and_device_and_nothing_more(runtime, engine, engine_node,
