@@ -87,6 +87,9 @@ def test_a_redis_restart_under_streaming_agents_and_consoles_ends_no_lease_and_r
         # The API keeps answering through the outage: a committed request never fails on a side channel.
         status, body = cluster.api("POST", f"/api/v1/leases/{ended_in_outage}/end/", {}, key=buyer["api_key"])
         assert status == 200, body
+        status, placed = cluster.api("POST", "/api/v1/orders/", {**SLICE, "gpu_models": ["h100-80gb"]},
+                                     key=buyer["api_key"], web=1)
+        assert status == 201, placed
         answers = []
         until = time.monotonic() + 10
         while time.monotonic() < until:
@@ -105,21 +108,22 @@ def test_a_redis_restart_under_streaming_agents_and_consoles_ends_no_lease_and_r
     after = leases(cluster)
     assert after[kept] == {"state": "running", "end_reason": "", "ended": False}, after[kept]
     assert not [i for i, lease in after.items() if lease["end_reason"] == "node offline"]
-    end_all(cluster, buyer, [kept])
+    wait_running(cluster, placed["leases"])  # its create_instance waited in the outbox for Redis
+    end_all(cluster, buyer, [kept, *placed["leases"]])
     assert_invariants(cluster)
 
 
 def _metrics_or_none(cluster, node: str, web: int):
     try:
         return metrics_frame(cluster, node, web, timeout=2)
-    except (OSError, TimeoutError, Exception):  # the socket is refused or closed while channels reconnect
+    except Exception:  # refused, closed or silent while the web process's channel layer reconnects to Redis
         return None
 
 
 def test_postgres_connections_killed_during_order_placement_answer_503_then_the_api_recovers(cluster, buyer):
     body = {**SLICE, "gpu_models": ["h100-80gb", "a100-80gb"]}
     before = set(leases(cluster))
-    in_flight = threading.Event()
+    in_flight, terminated = threading.Event(), []
 
     def kill_connections():
         # Three rounds while the orders are in flight: every connection of the cluster's database, the web
@@ -127,8 +131,8 @@ def test_postgres_connections_killed_during_order_placement_answer_503_then_the_
         in_flight.wait(timeout=10)
         with psycopg.connect(cluster.admin_url, autocommit=True, connect_timeout=10) as admin:
             for _ in range(3):
-                admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
-                              "AND pid <> pg_backend_pid()", (cluster.database,))
+                terminated.extend(admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                                                "datname = %s AND pid <> pg_backend_pid()", (cluster.database,)))
                 time.sleep(0.5)
 
     def order(i: int) -> tuple[int, dict]:
@@ -141,6 +145,7 @@ def test_postgres_connections_killed_during_order_placement_answer_503_then_the_
         with ThreadPoolExecutor(6) as pool:
             answers = list(pool.map(order, range(18)))
         killer.join(timeout=30)
+        assert terminated, "no connection of the cluster's database was terminated"
         wrong = [(s, a) for s, a in answers if not (200 <= s < 300 or (s == 503 and json_error(a)))]
         assert wrong == [], wrong[:3]
 
@@ -148,10 +153,12 @@ def test_postgres_connections_killed_during_order_placement_answer_503_then_the_
         wait_until(lambda: (lambda s, a: a if s == 201 else None)(
             *cluster.api("POST", "/api/v1/orders/", body, key=buyer["api_key"])), timeout=20, interval=0.5,
             what="an order placed after the connections were killed")
-        for web in (0, 1, 0, 1):
-            place(cluster, buyer, body, web=web)
+        recovered = [place(cluster, buyer, body, web=web) for web in (0, 1, 0, 1)]
+        wait_running(cluster, recovered)
+        # Those placed under the fault run, or failed (refunded: the invariants) once their commands timed out.
         placed = [i for i, lease in leases(cluster).items() if i not in before]
-        wait_running(cluster, placed)
+        wait_until(lambda: all(leases(cluster)[i]["state"] != "provisioning" for i in placed), timeout=60,
+                   interval=1, what="the orders placed under the fault settled")
     finally:
         end_all(cluster, buyer, [i for i, lease in leases(cluster).items() if i not in before and not lease["ended"]])
     assert_invariants(cluster)
