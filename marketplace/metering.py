@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from marketplace.amounts import ZERO, micro, spread, spread_within
 from marketplace.conf import market
-from marketplace.models import Lease, UsageRecord
+from marketplace.models import Lease, LedgerTransaction, UsageRecord
 from marketplace.models.sql import Epoch, insert_rows, update_rows
 from marketplace.money import ledger, movements
 
@@ -177,6 +177,32 @@ def settle(lease: Lease, *, now: datetime) -> Decimal:
     posted = post([b], now=now)
     b.onto(lease)
     return posted[0].short if posted else ZERO
+
+
+def unbill_after(lease: Lease, *, at: datetime, memo: str) -> Decimal:
+    """A lease that stopped running at `at` but was metered past it (its node fell silent at `at` and the meter
+    went on through the grace): its accrual goes back to `at` and what it was charged past that is refunded, latest
+    charges first (lease locked by the caller; saved). Idempotent: once rewound there is nothing after `at`.
+    Returns the amount refunded."""
+    if not lease.metered or lease.accrued_until is None or lease.accrued_until <= at:
+        return ZERO
+    seconds = int((lease.accrued_until - at).total_seconds())
+    lease.accrued_until -= timedelta(seconds=seconds)
+    lease.cost_accrued = max(ZERO, lease.cost_accrued - lease.price_per_hour * seconds / Decimal(3600)).quantize(EIGHT)
+    over, refunded = lease.cost_charged - micro(lease.cost_accrued), ZERO
+    for txn in LedgerTransaction.objects.filter(lease_id=lease.pk, kind="usage").order_by("-created_at", "-pk"):
+        if over - refunded <= 0:
+            break
+        left = movements.refundable(original=txn)[1]
+        if left > 0:
+            amount = min(left, over - refunded)
+            movements.refund(original=txn, idempotency_key=f"unbilled:{txn.pk}:{lease.accrued_until:%s}",
+                             memo=memo[:400], amount=amount)
+            refunded += amount
+    lease.cost_charged -= refunded
+    lease.billed_until = min(lease.billed_until or lease.accrued_until, lease.accrued_until)
+    lease.save(update_fields=["accrued_until", "cost_accrued", "cost_charged", "billed_until"])
+    return refunded
 
 
 USAGE_COLUMNS = ["lease_id", "order_id", "project", "buyer", "provider", "node_id", "gpu_model", "profile", "mode",

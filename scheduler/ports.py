@@ -27,7 +27,8 @@ class MarketPort(Protocol):
         """The instance is gone and its memory slices are free."""
 
     def node_offline(self, *, node_id, at: datetime) -> None:
-        """The node went silent past its heartbeat timeout."""
+        """The node has been silent since `at` (its last heartbeat) past its timeout and the grace: its leases
+        were lost then."""
 
     def slice_holder(self, *, sl: "Slice") -> str | None:
         """Asked before a provider destroys a slice by hand: a sentence naming who holds it, or None."""

@@ -7,7 +7,9 @@ from scheduler.services import nodes as node_services
 
 @shared_task(name="fleet.mark_silent_nodes_offline")
 def mark_silent_nodes_offline() -> int:
-    return len(node_services.nodes_mark_offline())
+    marked = node_services.nodes_mark_offline()
+    node_services.nodes_lose_leases()
+    return len(marked)
 
 
 @shared_task(name="fleet.expire_commands")

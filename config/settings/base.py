@@ -160,6 +160,13 @@ FLEET = {
     "METRICS_WRITE_TIMEOUT_SECONDS": env_float("FLEET_METRICS_WRITE_TIMEOUT", 60.0, minimum=1.0),
     "COMMAND_TIMEOUT_SECONDS": env_float("FLEET_COMMAND_TIMEOUT", 30.0, minimum=1.0),
     "OFFLINE_CHECK_SECONDS": env_float("FLEET_OFFLINE_CHECK", 5.0, minimum=0.5),
+    # An offline node's leases end only after this much more silence (as lost at its last heartbeat, the silent
+    # time refunded): a node back within it keeps them. Covers an outage of the platform's own parts (Redis, a
+    # web process) that silences healthy nodes (docs/market.md "When a node falls silent").
+    "OFFLINE_LEASE_GRACE_SECONDS": env_float("FLEET_OFFLINE_LEASE_GRACE", 120.0, minimum=0.0),
+    # More than this share of the live fleet (2 nodes at least) silent at once is the platform's outage, not the
+    # nodes': the check marks none of them offline until their silence outlasts the grace.
+    "OFFLINE_MASS_SHARE": env_float("FLEET_OFFLINE_MASS_SHARE", 0.5, minimum=0.0, maximum=1.0),
     # Health thresholds that cordon a GPU (DESIGN.md §7).
     "MAX_TEMPERATURE_C": env_float("FLEET_MAX_TEMPERATURE_C", 90.0, minimum=30, maximum=150),
     "MAX_ECC_DBE": env_int("FLEET_MAX_ECC_DBE", 0, minimum=0),

@@ -293,8 +293,10 @@ def _ended(lease: Lease, *, at: datetime) -> None:
 
 
 def node_offline(*, node_id, at: datetime) -> None:
-    """The node went silent: its open leases end at `at` (spot ones count as interrupted without notice, so
-    credited; a reserved window goes back to booked, to be placed again for the rest of its span)."""
+    """The node has been silent since `at` (its last heartbeat) for longer than the offline grace: its open leases
+    were lost at `at`. Each ends as lost then, and whatever the meter charged for the silent time after it is
+    refunded (the buyer never pays for a second the node may not have run); spot ones count as interrupted without
+    notice, so credited; a reserved window goes back to booked, to be placed again for the rest of its span."""
     for lease_id, mode in list(Lease.objects.filter(slice__gpu__node_id=node_id, state__in=Lease.OPEN_STATES)
                                .values_list("id", "mode")):
         with transaction.atomic():
@@ -302,6 +304,8 @@ def node_offline(*, node_id, at: datetime) -> None:
                 lease_interrupt(lease_id=lease_id, kind=Interruption.Kind.NODE_OFFLINE, deadline=at, now=at)
             lease = lease_end(lease_id=lease_id, reason="node offline", at=at)
             if lease.end_reason == "node offline":
+                metering.unbill_after(_locked(lease_id), at=at, memo="the node fell silent: no charge after its "
+                                                                    "last heartbeat")
                 _window_lost(lease)
 
 

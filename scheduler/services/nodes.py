@@ -1,6 +1,7 @@
 """Services that write nodes: registration, the agent's hello (inventory upsert), heartbeats, offline, drain."""
 from __future__ import annotations
 
+import logging
 import re
 from datetime import datetime, timedelta
 from decimal import Decimal
@@ -18,6 +19,7 @@ from scheduler.ports import market
 from .events import announce_node, tell_agent_token_revoked
 from .tokens import token_hash, token_new
 
+log = logging.getLogger(__name__)
 MAX_NAME = 80
 # A socket that closes and is followed by the node's next hello within this many seconds is one blip in the
 # node's history: the "disconnected" event becomes a single "reconnected" one instead of a pair.
@@ -288,25 +290,56 @@ def _close_said(*, code: int | None, reason: str | None, by: str | None) -> str:
 
 
 def nodes_mark_offline(*, now: datetime | None = None) -> list:
-    """Mark online or draining nodes silent past the heartbeat timeout offline; returns their ids."""
+    """Mark online or draining nodes silent past the heartbeat timeout offline; returns their ids. Their leases
+    stay (nodes_lose_leases ends them once the silence outlasts the grace). When more than OFFLINE_MASS_SHARE of
+    the live fleet (2 nodes at least) fell silent at once, the platform is deaf, not the nodes (Redis or the web
+    processes are down: liveness reaches us only through them): nobody is marked, and why is logged, until the
+    silence outlasts the grace too."""
     now = now or timezone.now()
-    cutoff = now - timedelta(seconds=settings.FLEET["HEARTBEAT_TIMEOUT_SECONDS"])
+    timeout, grace = settings.FLEET["HEARTBEAT_TIMEOUT_SECONDS"], settings.FLEET["OFFLINE_LEASE_GRACE_SECONDS"]
+    live = Node.objects.filter(status__in=[Node.Status.ONLINE, Node.Status.DRAINING])
     with transaction.atomic():
-        stale = list(Node.objects.select_for_update(skip_locked=True)
-                     .filter(status__in=[Node.Status.ONLINE, Node.Status.DRAINING], last_heartbeat__lt=cutoff)
-                     .values_list("pk", flat=True))
+        stale = list(live.select_for_update(skip_locked=True).filter(last_heartbeat__lt=now - timedelta(seconds=timeout))
+                     .values_list("pk", "last_heartbeat"))
+        if len(stale) >= 2 and len(stale) > settings.FLEET["OFFLINE_MASS_SHARE"] * live.count():
+            held = [pk for pk, heard in stale if heard >= now - timedelta(seconds=timeout + grace)]
+            if held:
+                log.warning("%d of %d live nodes fell silent at once: the platform's own outage (Redis, the web "
+                            "processes?), not theirs; none is marked offline for up to %g s more", len(stale),
+                            live.count(), grace)
+            stale = [(pk, heard) for pk, heard in stale if pk not in held]
+        stale = [pk for pk, _ in stale]
         if not stale:
             return []
         Node.objects.filter(pk__in=stale).update(status=Node.Status.OFFLINE)
         HealthEvent.objects.bulk_create([
-            HealthEvent(node_id=pk, kind="offline",
-                        message=f"no heartbeat for {settings.FLEET['HEARTBEAT_TIMEOUT_SECONDS']:g} s")
-            for pk in stale])
-        for pk in stale:
-            market().node_offline(node_id=pk, at=now)
+            HealthEvent(node_id=pk, kind="offline", message=f"no heartbeat for {timeout:g} s") for pk in stale])
     for pk in stale:
         transaction.on_commit(lambda pk=pk: announce_node(pk, {"status": Node.Status.OFFLINE}))
     return stale
+
+
+def nodes_lose_leases(*, now: datetime | None = None) -> list:
+    """Tell the market that offline nodes silent past the heartbeat timeout plus OFFLINE_LEASE_GRACE lost what
+    runs on them, as of their last heartbeat; returns their ids. A node heard again within the grace keeps its
+    leases (its hello reconciles the instances)."""
+    now = now or timezone.now()
+    silence = settings.FLEET["HEARTBEAT_TIMEOUT_SECONDS"] + settings.FLEET["OFFLINE_LEASE_GRACE_SECONDS"]
+    cutoff = now - timedelta(seconds=silence)
+    # Nodes that still hold an instance (a dead node's leases are gone once their slices are).
+    holding = (Slice.objects.filter(state__in=Slice.ACTIVE_STATES, gpu__node__status=Node.Status.OFFLINE,
+                                    gpu__node__last_heartbeat__lt=cutoff)
+               .values_list("gpu__node_id", flat=True).distinct())
+    lost = []
+    for pk in list(holding):
+        with transaction.atomic():
+            # Lock the node: the race is its heartbeat bringing it back meanwhile (nodes_heartbeat locks it too).
+            node = (Node.objects.select_for_update(skip_locked=True)
+                    .filter(pk=pk, status=Node.Status.OFFLINE, last_heartbeat__lt=cutoff).first())
+            if node is not None:
+                market().node_offline(node_id=pk, at=node.last_heartbeat)
+                lost.append(pk)
+    return lost
 
 
 def node_drain(*, node: Node) -> Node:

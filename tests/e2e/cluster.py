@@ -115,7 +115,11 @@ class Cluster(LiveStack):
         return [f"http://127.0.0.1:{port}" for port in self.web_ports]
 
     def agent_server(self, node: dict) -> str:
-        return f"ws://127.0.0.1:{self.web_ports[self.agent_web[node['name']]]}/ws/agent/"
+        """The agent's --server: its own web process first, then the others (it fails over to the next when one
+        goes away, as a production agent given every web process's URL does)."""
+        own = self.agent_web[node["name"]]
+        order = [own] + [i for i in range(len(self.web_ports)) if i != own]
+        return ",".join(f"ws://127.0.0.1:{self.web_ports[i]}/ws/agent/" for i in order)
 
     def start(self) -> "Cluster":
         self._admin(f'CREATE DATABASE "{self.database}"')

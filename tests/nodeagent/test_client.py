@@ -191,6 +191,12 @@ async def test_backoff_grows_with_full_jitter_and_resets():
     assert backoff.ceiling() == 0.5
 
 
+async def test_the_default_backoff_never_waits_more_than_five_seconds_so_a_node_is_back_soon_after_an_outage():
+    backoff = Backoff(rng=random.Random(3))
+    delays = [backoff.next_delay() for _ in range(40)]
+    assert backoff.ceiling() == 5.0 and max(delays) <= 5.0
+
+
 async def test_a_failing_inventory_is_retried_not_fatal(monkeypatch):
     gateway = Gateway(interval=0.05)
     async with running(gateway) as (agent, backend, task):
