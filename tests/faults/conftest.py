@@ -39,3 +39,17 @@ def wait_for_online(cluster, timeout: float = 60) -> dict:
         nodes = {n["name"]: n["status"] for n in body.get("results", [])}
         return nodes if all(nodes.get(name) == "online" for name, _ in NODES) else None
     return wait_until(all_online, timeout=timeout, what="every agent online")
+
+
+LIVE_SLICES = r"""
+from scheduler.models import Slice
+print("LIVE", Slice.objects.filter(state__in=Slice.ACTIVE_STATES).exclude(error__startswith="adopted").count())
+"""
+
+
+def wait_idle(cluster, timeout: float = 60) -> None:
+    """Every earlier test's leases over and their slices destroyed: a test that needs the capacity starts from it."""
+    def idle():
+        out = cluster._run("manage.py", "shell", "-c", LIVE_SLICES)
+        return int(out[out.index("LIVE") + 4:].split()[0]) == 0
+    wait_until(idle, timeout=timeout, interval=1, what="no live slice left by earlier tests")

@@ -13,7 +13,7 @@ import pytest
 from websockets.sync.client import connect
 
 from tests.e2e.livestack import call_api, wait_until
-from tests.faults.conftest import AGENT_WEB, wait_for_online
+from tests.faults.conftest import AGENT_WEB, wait_for_online, wait_idle
 from tests.faults.invariants import assert_invariants
 
 pytestmark = pytest.mark.e2e
@@ -121,7 +121,8 @@ def _metrics_or_none(cluster, node: str, web: int):
 
 
 def test_postgres_connections_killed_during_order_placement_answer_503_then_the_api_recovers(cluster, buyer):
-    body = {**SLICE, "gpu_models": ["h100-80gb", "a100-80gb"]}
+    body = {**SLICE, "gpu_models": ["h100-80gb", "a100-80gb"]}  # 28 slices of 10 GB: room for the 18 + 5 below
+    wait_idle(cluster)
     before = set(leases(cluster))
     in_flight, terminated = threading.Event(), []
 
