@@ -53,7 +53,8 @@ for lease in Lease.objects.select_related("order"):
             and now - (lease.started_at or lease.created_at) > settle and lease.state == Lease.State.PROVISIONING:
         problems.append(f"lease {lease.pk} is still provisioning after {(now - lease.created_at).seconds} s")
     if lease.mode == Mode.ON_DEMAND and lease.metered and lease.started_at and lease.accrued_until:
-        seconds = int((lease.accrued_until - lease.started_at).total_seconds())
+        # Billing starts at the whole second the lease started in (metering.billing_start).
+        seconds = int((lease.accrued_until - lease.started_at.replace(microsecond=0)).total_seconds())
         expected = (lease.price_per_hour * seconds / Decimal(3600)).quantize(Decimal("0.00000001"))
         if abs(lease.cost_accrued - expected) > Decimal("0.00000001"):
             problems.append(f"lease {lease.pk}: accrued {lease.cost_accrued} for {seconds} s at "
