@@ -1,12 +1,16 @@
-"""Process faults (issue 10): agents killed with -9 at the worst moment, then started again.
+"""Process faults (issue 10): agents and workers killed with -9 at the worst moment, then started again.
 
 Each fault is put at a known point, not left to timing: the simulated machine carves slowly (`--create-seconds`) so
-the agent dies between carving and answering. Every test puts back what it killed, waits for every agent online,
-ends what it placed, and ends with the invariants."""
+the agent dies between carving and answering; a row lock held by the test on the cluster's own PostgreSQL holds a
+worker inside its metering or placement transaction, its backend seen waiting on the test's lock
+(`pg_blocking_pids`), when it is killed. Every test puts back what it killed, waits for every agent online, ends
+what it placed, and ends with the invariants."""
 from __future__ import annotations
 
+import contextlib
 import json
 
+import psycopg
 import pytest
 
 from tests.e2e.livestack import wait_until
@@ -77,6 +81,62 @@ def restart_agent(cluster, node: str, *extra: str) -> None:
     cluster.restart(name)
 
 
+@contextlib.contextmanager
+def row_locked(cluster, sql: str, params: tuple):
+    """Hold FOR UPDATE locks on the rows `sql` selects (in the cluster's database) until the block ends; yields the
+    connection holding them."""
+    with psycopg.connect(cluster.env["DATABASE_URL"], connect_timeout=10) as conn:
+        rows = conn.execute(sql + " FOR UPDATE", params).fetchall()
+        assert rows, f"nothing to lock: {sql} {params}"
+        yield conn
+        conn.rollback()
+
+
+def blocked_by(conn, table: str, timeout: float) -> str:
+    """Until another backend of the database waits on a lock `conn` holds while running a statement on `table`;
+    that statement. Asked on a connection of its own: pg_stat_activity is read once per transaction, and `conn`'s
+    transaction lasts as long as its locks."""
+    holder = conn.info.backend_pid
+    with psycopg.connect(conn.info.dsn, autocommit=True, connect_timeout=10) as watcher:
+        def waiting():
+            row = watcher.execute(
+                "SELECT query FROM pg_stat_activity WHERE datname = current_database() AND state = 'active' "
+                "AND %s = ANY(pg_blocking_pids(pid)) AND query ILIKE %s", (holder, f"%{table}%")).fetchone()
+            return row[0] if row else None
+        return wait_until(waiting, timeout=timeout, interval=0.2, what=f"a worker waiting on our lock in {table}")
+
+
+def locked_elsewhere(conn, table: str, pk) -> bool:
+    """Whether another transaction holds a row lock on `table`'s row `pk`."""
+    return conn.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE SKIP LOCKED", (pk,)).fetchone() is None
+
+
+def kill_workers(cluster) -> None:
+    for i in range(cluster.workers):
+        cluster.kill(f"worker{i}")  # SIGKILL to the process group: the pool's children die with it
+
+
+def restart_workers(cluster) -> None:
+    for i in range(cluster.workers):
+        cluster.restart(f"worker{i}")
+
+
+def billing(cluster, lease_id: str) -> dict:
+    """What the database says of a lease's billing: seconds metered, charged, and what the ledger and the usage
+    records hold for it."""
+    return cluster.shell(
+        "import json; from django.db.models import Sum; from marketplace.models import Lease, LedgerEntry, "
+        "UsageRecord; from marketplace.metering import billing_start; "
+        f"l = Lease.objects.get(pk={lease_id!r}); "
+        "print('BILLING' + json.dumps({'charged': str(l.cost_charged), "
+        "'billed_seconds': int((l.billed_until - billing_start(l.started_at)).total_seconds()), "
+        "'ledger': str(-(LedgerEntry.objects.filter(transaction__lease_id=l.pk, transaction__kind='usage', "
+        "account__kind='wallet').aggregate(s=Sum('amount'))['s'] or 0)), "
+        "'usage_seconds': UsageRecord.objects.filter(lease_id=l.pk).aggregate(s=Sum('seconds'))['s'] or 0, "
+        "'usage_amount': str(UsageRecord.objects.filter(lease_id=l.pk).aggregate(s=Sum('amount'))['s'] or 0)}))",
+        "BILLING")
+
+
 # --- agents -----------------------------------------------------------------------------------------------------
 
 def test_an_agent_killed_between_carving_and_answering_runs_the_lease_on_that_one_instance(cluster, buyer):
@@ -119,4 +179,71 @@ def test_an_agent_killed_while_its_lease_runs_keeps_the_lease_running_and_billed
     assert_invariants(cluster)  # billed exactly its running seconds, the kill included
     end(cluster, buyer, lease_id)
     wait_until(lambda: instance not in agent_instances(cluster, node), timeout=15, what="the instance destroyed")
+    assert_invariants(cluster)
+
+
+# --- workers ----------------------------------------------------------------------------------------------------
+
+def test_workers_killed_inside_a_metering_tick_leave_billing_exact_once_they_are_back(cluster, buyer):
+    lease_id = order(cluster, buyer, {"gpu_models": ["a100-80gb"], "memory_gb": 20})["leases"][0]
+    running(cluster, buyer, lease_id)
+    # The buyer's wallet locked: the tick that posts the lease's minute (the next minute's start, at most a minute
+    # away: a tick writes only then) locks the lease, computes the charge and waits here, inside its transaction.
+    with row_locked(cluster, "SELECT id FROM marketplace_account WHERE user_id = %s AND kind = 'wallet'",
+                    (buyer["id"],)) as conn:
+        blocked_by(conn, "marketplace_account", timeout=75)
+        assert locked_elsewhere(conn, "marketplace_lease", lease_id)  # the tick holds the lease
+        kill_workers(cluster)
+    assert billing(cluster, lease_id)["charged"] == "0.000000"  # the killed tick posted nothing
+    restart_workers(cluster)
+    wait_until(lambda: billing(cluster, lease_id)["charged"] != "0.000000", timeout=30,
+               what="the minute posted by the restarted workers")
+    got = billing(cluster, lease_id)
+    # Posted once: the ledger, the lease and the usage records agree, to the second and the micro-dollar.
+    assert got["ledger"] == got["charged"] == got["usage_amount"], got
+    assert got["usage_seconds"] == got["billed_seconds"] > 0, got
+    assert_invariants(cluster)
+    end(cluster, buyer, lease_id)
+    got = billing(cluster, lease_id)
+    assert got["ledger"] == got["charged"] and got["usage_seconds"] == got["billed_seconds"], got
+    assert_invariants(cluster)
+
+
+def order_state(cluster, buyer, order_id: str) -> dict:
+    return cluster.api("GET", f"/api/v1/orders/{order_id}/", key=buyer["api_key"])[1]
+
+
+def node_id(cluster, name: str) -> str:
+    _, body = cluster.api("GET", "/api/v1/nodes/?limit=20")
+    return next(n["id"] for n in body["results"] if n["name"] == name)
+
+
+def test_workers_killed_while_placing_a_queued_order_place_it_once(cluster, buyer):
+    node = "f-a100-b"
+    status, body = cluster.api("POST", f"/api/v1/nodes/{node_id(cluster, node)}/drain/")
+    assert status == 200 and body["status"] == "draining", body
+    queued = order(cluster, buyer, {"gpu_models": ["a100-80gb"], "whole_gpu": True, "if_unavailable": "queue"})
+    assert queued["state"] == "queued", queued  # the only A100s are on the draining node
+    # Its GPUs locked: once the node is back, the worker retrying the queue locks the order, decides on a GPU and
+    # waits for that GPU's row, inside the placement's transaction. Undraining writes the node's row only, so the
+    # capacity comes back with the lock held.
+    with row_locked(cluster, "SELECT id FROM scheduler_gpu WHERE node_id = (SELECT id FROM scheduler_node "
+                             "WHERE name = %s)", (node,)) as conn:
+        cluster.shell("from scheduler.models import Node; from scheduler.services.nodes import node_undrain; "
+                      f"node_undrain(node=Node.objects.get(name={node!r}))")
+        blocked_by(conn, "scheduler_gpu", timeout=30)
+        assert locked_elsewhere(conn, "marketplace_order", queued["id"])  # the placement holds the order
+        kill_workers(cluster)
+    still = order_state(cluster, buyer, queued["id"])
+    assert (still["state"], still["leases"]) == ("queued", [])  # the killed placement left nothing behind
+    restart_workers(cluster)
+
+    def placed():
+        got = order_state(cluster, buyer, queued["id"])
+        return got if got["state"] != "queued" else None
+    got = wait_until(placed, timeout=30, what="the queued order placed by the restarted workers")
+    assert got["state"] == "placed" and len(got["leases"]) == 1, got
+    running(cluster, buyer, got["leases"][0])
+    wait_for_online(cluster)
+    end(cluster, buyer, got["leases"][0])
     assert_invariants(cluster)
