@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
+from datetime import datetime, timedelta, timezone
+from decimal import ROUND_HALF_UP, Decimal
 
 import psycopg
 import pytest
@@ -63,13 +66,6 @@ def server_instances(cluster, node: str) -> set[str]:
         "import json; from scheduler.models import Slice; print('SLICES' + json.dumps(list(Slice.objects.filter("
         f"gpu__node__name={node!r}, state__in=Slice.ACTIVE_STATES).exclude(instance_uuid='')"
         ".values_list('instance_uuid', flat=True))))", "SLICES"))
-
-
-def accrued_until(cluster, lease_id: str) -> str:
-    """Up to when the lease's running seconds are metered (ISO time, in the database)."""
-    return cluster.shell("from marketplace.models import Lease; "
-                         f"print('UNTIL\"' + Lease.objects.get(pk={lease_id!r}).accrued_until.isoformat() + '\"')",
-                         "UNTIL")
 
 
 def restart_agent(cluster, node: str, *extra: str) -> None:
@@ -130,6 +126,7 @@ def billing(cluster, lease_id: str) -> dict:
         f"l = Lease.objects.get(pk={lease_id!r}); "
         "print('BILLING' + json.dumps({'charged': str(l.cost_charged), "
         "'billed_seconds': int((l.billed_until - billing_start(l.started_at)).total_seconds()), "
+        "'billed_until': l.billed_until.isoformat(), "
         "'ledger': str(-(LedgerEntry.objects.filter(transaction__lease_id=l.pk, transaction__kind='usage', "
         "account__kind='wallet').aggregate(s=Sum('amount'))['s'] or 0)), "
         "'usage_seconds': UsageRecord.objects.filter(lease_id=l.pk).aggregate(s=Sum('seconds'))['s'] or 0, "
@@ -170,14 +167,18 @@ def test_an_agent_killed_while_its_lease_runs_keeps_the_lease_running_and_billed
     restart_agent(cluster, node)
     wait_for_online(cluster)
     # The agent's hello reported the instance: the lease keeps running on it, billed on through the restart.
-    metered = accrued_until(cluster, lease_id)
-    wait_until(lambda: accrued_until(cluster, lease_id) > metered, timeout=30, what="metering to go on")
+    # (What it costs grows by the second while it runs metered; the ledger posts only at a minute's start, so the
+    # postings are checked once it has ended, by the invariants.)
+    cost = Decimal(lease(cluster, buyer, lease_id)["cost"])
+    wait_until(lambda: Decimal(lease(cluster, buyer, lease_id)["cost"]) > cost, timeout=10, what="metering to go on")
     after = lease(cluster, buyer, lease_id)
     assert (after["state"], after["connection"]["device_uuid"]) == ("running", instance)
     assert agent_instances(cluster, node) == server_instances(cluster, node) and instance in server_instances(
         cluster, node)
-    assert_invariants(cluster)  # billed exactly its running seconds, the kill included
+    assert_invariants(cluster)
     end(cluster, buyer, lease_id)
+    got = billing(cluster, lease_id)  # posted to the second it ended, the kill included, once
+    assert got["ledger"] == got["charged"] and got["usage_seconds"] == got["billed_seconds"] > 0, got
     wait_until(lambda: instance not in agent_instances(cluster, node), timeout=15, what="the instance destroyed")
     assert_invariants(cluster)
 
@@ -246,4 +247,93 @@ def test_workers_killed_while_placing_a_queued_order_place_it_once(cluster, buye
     running(cluster, buyer, got["leases"][0])
     wait_for_online(cluster)
     end(cluster, buyer, got["leases"][0])
+    assert_invariants(cluster)
+
+
+# --- beat -------------------------------------------------------------------------------------------------------
+
+BEAT_DOWN_SECONDS = 25
+
+
+def at(iso: str) -> datetime:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00"))
+
+
+def refunded(cluster, reservation_id: str) -> Decimal:
+    """What the holder got back for the reservation's undelivered time (its wallet's side of the refund)."""
+    return Decimal(cluster.shell(
+        "from marketplace.models import LedgerEntry; "
+        "e = LedgerEntry.objects.filter(transaction__idempotency_key='reservation-refund:" + reservation_id + "', "
+        "account__kind='wallet').first(); print('REFUND\"' + str(e.amount if e else 0) + '\"')", "REFUND"))
+
+
+def test_beat_stopped_then_restarted_catches_up_metering_starts_a_window_late_refunded_and_ends_a_noticed_spot(
+        cluster, buyer):
+    """The issue stops beat for 5 minutes; with the cluster's fast beat (0.5 s ticks, 2 s notices) 25 s holds the
+    same events: a minute's posting falls due, a reserved window starts and a spot notice's deadline passes, all while
+    beat is down."""
+    metered = order(cluster, buyer, {"gpu_models": ["a100-80gb"], "memory_gb": 20})["leases"][0]
+    spots = []
+    for _ in range(2):  # both H100s
+        status, bid = cluster.api("POST", "/api/v1/bids/", {"gpu_models": ["h100-80gb"], "whole_gpu": True,
+                                                            "max_price_per_hour": "2.00"}, key=buyer["api_key"])
+        assert status == 201, bid
+        spots.append(bid["order"]["leases"][0])
+    for lease_id in (metered, *spots):
+        running(cluster, buyer, lease_id)
+    # Down from late in a minute, so that the window (4 s on) starts in this minute and the next minute's posting
+    # falls due while beat is down.
+    wait_until(lambda: 60 - BEAT_DOWN_SECONDS + 1 <= datetime.now(timezone.utc).second <= 50, timeout=65,
+               interval=0.2, what="the second half of a minute")
+    start = datetime.now(timezone.utc) + timedelta(seconds=4)
+    status, booked = cluster.api("POST", "/api/v1/orders/", {
+        "mode": "reserved", "gpu_models": ["l4"], "window_start": start.isoformat(),
+        "window_end": (start + timedelta(seconds=30)).isoformat()}, key=buyer["api_key"])
+    assert status == 201, booked
+    reservation_id = booked["reservations"][0]
+
+    cluster.kill("beat")
+    down = datetime.now(timezone.utc)
+    due = down.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    assert down < start < due < down + timedelta(seconds=BEAT_DOWN_SECONDS)
+    # An on-demand order takes an H100 from a spot lease: its notice is given in the request (2 s), beat is down.
+    status, higher = cluster.api("POST", "/api/v1/orders/", {"mode": "on_demand", "gpu_models": ["h100-80gb"],
+                                                             "whole_gpu": True, "if_unavailable": "queue"},
+                                 key=buyer["api_key"])
+    assert status == 202 and higher["state"] == "queued", higher
+    (noticed,) = [x for x in (lease(cluster, buyer, i) for i in spots) if x["state"] == "interrupting"]
+    deadline = at(noticed["interruption"]["deadline"])
+    time.sleep(max(0.0, (down + timedelta(seconds=BEAT_DOWN_SECONDS) - datetime.now(timezone.utc)).total_seconds()))
+    # Nothing moved while beat was down: the window did not start, the notice ran out, the minute was not posted.
+    assert cluster.api("GET", f"/api/v1/reservations/{reservation_id}/", key=buyer["api_key"])[1]["state"] == "booked"
+    assert lease(cluster, buyer, noticed["id"])["state"] == "interrupting" and deadline < datetime.now(timezone.utc)
+    assert at(billing(cluster, metered)["billed_until"]) < due
+    cluster.restart("beat")
+
+    # (c) The notice is honoured: the spot lease ends at its deadline, billed no further; the order takes its GPU.
+    wait_until(lambda: lease(cluster, buyer, noticed["id"])["state"] == "ended", timeout=20, what="the spot ended")
+    gone = lease(cluster, buyer, noticed["id"])
+    assert at(gone["ended_at"]) == deadline and at(gone["billed_until"]) <= deadline, gone
+    placed = wait_until(lambda: order_state(cluster, buyer, higher["id"])["leases"], timeout=20,
+                        what="the on-demand order placed on the freed H100")
+    running(cluster, buyer, placed[0])
+    # (a) Metering catches up: the minute due while beat was down is posted, once, to the second.
+    wait_until(lambda: at(billing(cluster, metered)["billed_until"]) >= due, timeout=20, what="the minute posted")
+    got = billing(cluster, metered)
+    assert got["ledger"] == got["charged"] == got["usage_amount"] and got["usage_seconds"] == got["billed_seconds"]
+    # (b) The window starts late, and the time from its start until its lease ran is refunded when it ends.
+    wait_until(lambda: cluster.api("GET", f"/api/v1/reservations/{reservation_id}/", key=buyer["api_key"])[1][
+        "state"] == "done", timeout=40, what="the window over")
+    r = cluster.api("GET", f"/api/v1/reservations/{reservation_id}/", key=buyer["api_key"])[1]
+    (window,) = [x for x in cluster.api("GET", "/api/v1/leases/?mode=reserved&limit=50", key=buyer["api_key"])[1][
+        "results"] if x["reservation"] == reservation_id]
+    lost = (at(window["started_at"]) - at(r["starts_at"])).total_seconds()
+    assert lost >= BEAT_DOWN_SECONDS - 4 - 1, (window, r)
+    expected = (Decimal(r["price_total"]) * Decimal(str(lost)) / Decimal(30)).quantize(Decimal("0.000001"),
+                                                                                      ROUND_HALF_UP)
+    assert refunded(cluster, reservation_id) == expected > 0
+
+    end(cluster, buyer, metered, placed[0], *[i for i in spots if i != noticed["id"]])
+    got = billing(cluster, metered)
+    assert got["ledger"] == got["charged"] and got["usage_seconds"] == got["billed_seconds"], got
     assert_invariants(cluster)
