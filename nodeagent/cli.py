@@ -38,14 +38,17 @@ def _server_urls(text: str) -> list[str]:
     return urls
 
 
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or not 0.05 <= value <= 3600:
-        raise argparse.ArgumentTypeError(f"interval must be between 0.05 and 3600 seconds, not {text}")
-    return value
+def _seconds_between(low: float, high: float, what: str):
+    """An argparse type: a number of seconds from `low` to `high`."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+        if not math.isfinite(value) or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{what} must be between {low:g} and {high:g} seconds, not {text}")
+        return value
+    return parse
 
 
 def _simulate_spec(text: str) -> list[tuple[str, int]]:
@@ -87,12 +90,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--simulate", type=_simulate_spec, metavar="MODEL:COUNT[,MODEL:COUNT...]",
                         help="run a simulated machine instead of NVML, e.g. h100-80gb:8,l4:2")
     parser.add_argument("--hostname", type=_hostname, help="name to report (default: this machine's)")
-    parser.add_argument("--interval", type=_interval, default=1.0,
+    parser.add_argument("--interval", type=_seconds_between(0.05, 3600, "interval"), default=1.0,
                         help="seconds between metrics frames until the server's welcome says otherwise")
     parser.add_argument("--seed", type=int, help="random seed of the simulated backend (reproducible runs)")
     parser.add_argument("--busy-on-create", type=_share, default=0.0, metavar="SHARE",
                         help="simulated backend: new instances run a workload at about this load (0..1; "
                              "default 0, idle until a set_busy command)")
+    parser.add_argument("--state-file", metavar="PATH",
+                        help="simulated backend: keep the machine's MIG instances and simulated containers in this "
+                             "file, so that a restarted agent finds them as a real GPU server's would (default: none, "
+                             "they end with the process; the demo passes one per node)")
+    parser.add_argument("--create-seconds", type=_seconds_between(0, 600, "carving"), default=0.0, metavar="SECONDS",
+                        help="simulated backend: how long carving a MIG instance takes (default 0); the instance "
+                             "exists from the start, the answer comes at the end")
     parser.add_argument("--runtime", choices=["docker", "simulated", "none"],
                         help="what runs leases' containers: a Docker Engine API (Docker, or Podman's `podman system "
                              "service`), a simulated one, or none (default: simulated with --simulate, else docker)")
@@ -118,9 +128,15 @@ def make_backend(args: argparse.Namespace) -> Backend:
     if args.simulate:
         from .backends.simulated import SimulatedBackend
         return SimulatedBackend(args.simulate, hostname=args.hostname, seed=args.seed,
-                                busy_on_create=args.busy_on_create)
+                                busy_on_create=args.busy_on_create, state=_state_file(args),
+                                create_seconds=args.create_seconds)
     from .backends.nvml import NvmlBackend
     return NvmlBackend(hostname=args.hostname)
+
+
+def _state_file(args: argparse.Namespace):
+    from .sim_state import StateFile
+    return StateFile(args.state_file) if args.state_file else None
 
 
 def make_runtime(args: argparse.Namespace) -> Runtime:
@@ -130,7 +146,7 @@ def make_runtime(args: argparse.Namespace) -> Runtime:
         return NoRuntime()
     if kind == "simulated":
         from .runtime.simulated import SimulatedRuntime
-        return SimulatedRuntime(seed=args.seed)
+        return SimulatedRuntime(seed=args.seed, state=_state_file(args))
     from .runtime.docker import DockerRuntime
     url = args.engine_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     devices = args.gpu_devices or ("none" if args.simulate else "cdi")
@@ -152,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--seed only applies with --simulate")
     if args.busy_on_create and not args.simulate:
         parser.error("--busy-on-create only applies with --simulate")
+    for flag, given in (("--state-file", args.state_file), ("--create-seconds", args.create_seconds)):
+        if given and not args.simulate:
+            parser.error(f"{flag} only applies with --simulate (a real GPU keeps its instances itself)")
     if args.runtime == "simulated" and not args.simulate:
         parser.error("--runtime simulated only applies with --simulate (real GPUs run real containers)")
     logging.basicConfig(level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

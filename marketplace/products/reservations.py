@@ -129,21 +129,43 @@ def _relocate(r: Reservation, now: datetime) -> Slice | None:
     return sl
 
 
+def late_start_after() -> timedelta:
+    """How long after its window's start the platform may open the window's lease and still be on time: two beat
+    ticks and the margin the spot clearing keeps for a busy worker (spot_clear_horizon). Later, the beat or the
+    workers were down: the time until the lease ran was not delivered."""
+    return timedelta(seconds=2 * market("LEASE_TICK_SECONDS") + 10)
+
+
 def undelivered_seconds(r: Reservation) -> float:
-    """Seconds of `r`'s window lost by the platform: from each lost lease's end (or the window's start) until
-    the next lease of the window started (or the window ended). A window no lease ever ran in is all lost."""
+    """Seconds of `r`'s window lost by the platform, each counted once: from the window's start until its first
+    lease started when the platform opened that lease late (`late_start_after`), and from each lost lease's end (or
+    the window's start) until the next lease of the window started (or the window ended). A window no lease ever ran
+    in is all lost."""
     leases = list(r.leases.order_by("created_at"))
-    window = (r.ends_at - r.starts_at).total_seconds()
     if not any(lease.started_at for lease in leases):
-        return window
-    lost = 0.0
+        return (r.ends_at - r.starts_at).total_seconds()
+
+    def running_again(after: list[Lease]) -> datetime:
+        return next((x.started_at for x in after if x.started_at), None) or r.ends_at
+
+    gaps = []
+    if leases[0].created_at - r.starts_at > late_start_after():
+        gaps.append((r.starts_at, running_again(leases)))
     for i, lease in enumerate(leases):
-        if lease.state != Lease.State.FAILED and lease.end_reason not in LOST_REASONS:
-            continue
-        gone = max(lease.ended_at or r.starts_at, r.starts_at)
-        back = next((x.started_at for x in leases[i + 1:] if x.started_at), None) or r.ends_at
-        lost += max(0.0, (min(back, r.ends_at) - gone).total_seconds())
-    return min(lost, window)
+        if lease.state == Lease.State.FAILED or lease.end_reason in LOST_REASONS:
+            gaps.append((max(lease.ended_at or r.starts_at, r.starts_at), running_again(leases[i + 1:])))
+    return _seconds_covered(gaps, start=r.starts_at, end=r.ends_at)
+
+
+def _seconds_covered(spans: list[tuple[datetime, datetime]], *, start: datetime, end: datetime) -> float:
+    """Seconds of [start, end) inside the union of `spans` (overlapping spans count once)."""
+    total, reached = 0.0, start
+    for a, b in sorted(spans):
+        a, b = max(a, reached), min(b, end)
+        if b > a:
+            total += (b - a).total_seconds()
+            reached = b
+    return total
 
 
 def _finish(reservation_id, now: datetime) -> None:

@@ -1,5 +1,10 @@
 """A simulated GPU server: the catalog's models, NVIDIA's MIG rules, and believable metrics, in memory.
 
+Like real GPUs, it keeps its MIG instances when the agent dies, given a state file (`--state-file`,
+nodeagent/sim_state.py): a restarted agent finds them and reports them in its hello. Carving may be made to take
+time (`create_seconds`: the instance exists from the start, the answer comes at the end), which opens the window
+between a create_instance and its answer that a fault test kills the agent in.
+
 Used by the demo (several agents on one laptop) and by tests. The MIG rules are not re-implemented here:
 `nodeagent.hardware.mig` (the same geometry the scheduler plans with) decides what may be created where, so
 the simulated driver refuses exactly what the scheduler would never ask for.
@@ -10,14 +15,16 @@ import hashlib
 import random
 import socket
 import threading
+import time
 import uuid as uuidlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from nodeagent.hardware import gpus as catalog
 from nodeagent.hardware import mig
 
 from .. import protocol
 from ..errors import BackendError, not_found, not_supported
+from ..sim_state import StateFile
 from .base import Backend
 from .sim_metrics import GpuMetricState
 
@@ -100,12 +107,15 @@ class SimulatedBackend(Backend):
     name = "simulated"
 
     def __init__(self, spec: str | list[tuple[str, int]], *, hostname: str | None = None,
-                 seed: int | None = None, busy_on_create: float = 0.0):
+                 seed: int | None = None, busy_on_create: float = 0.0, state: StateFile | None = None,
+                 create_seconds: float = 0.0):
         """`busy_on_create` (0..1) simulates a buyer's workload: a new instance (or a whole GPU taken by
-        a lease) runs at about that load instead of idling until `set_busy`."""
+        a lease) runs at about that load instead of idling until `set_busy`. `state`: where the instances are
+        kept across restarts (None: in memory only)."""
         if not 0.0 <= busy_on_create <= 1.0:
             raise ValueError(f"busy_on_create must be a share 0..1, not {busy_on_create!r}")
         self.busy_on_create = busy_on_create
+        self.state, self.create_seconds = state, create_seconds
         models = parse_simulate_spec(spec) if isinstance(spec, str) else list(spec)
         self.hostname = hostname or socket.gethostname()
         self._rng = random.Random(f"{self.hostname}:{seed}" if seed is not None else None)
@@ -119,6 +129,22 @@ class SimulatedBackend(Backend):
                                        rng=random.Random(self._rng.getrandbits(64)))
                 self._gpus.append(SimGpu(uuid="GPU-" + _stable_uuid(self.hostname, seed, index, key),
                                          index=index, spec=model, metrics=state))
+        self._restore()
+
+    # --- the state kept across restarts ----------------------------------------------------------------
+
+    def _restore(self) -> None:
+        """The instances the state file holds for these GPUs (a GPU the spec no longer has is forgotten)."""
+        kept = (self.state.load("instances") if self.state else None) or {}
+        for gpu in self._gpus:
+            if gpu.geometry is not None:
+                gpu.instances = [SimInstance(**i) for i in kept.get(gpu.uuid, [])]
+
+    def _persist(self) -> None:
+        """Write every GPU's instances (called under the lock, after each change)."""
+        if self.state is not None:
+            self.state.save("instances", {g.uuid: [asdict(i) for i in g.instances] for g in self._gpus
+                                          if g.instances})
 
     # --- lookups -------------------------------------------------------------------------------------
 
@@ -176,6 +202,8 @@ class SimulatedBackend(Backend):
             inst = SimInstance(uuid="MIG-" + str(uuidlib.uuid4()), profile=profile, start=start,
                                busy=self._workload())
             gpu.instances.append(inst)
+            self._persist()
+        time.sleep(self.create_seconds)  # the driver is still busy; the instance exists already
         return {"instance_uuid": inst.uuid, "gpu_uuid": gpu_uuid, "profile": profile, "start": start,
                 "size": geo.profile(profile).memory_slices, "cuda_visible_devices": inst.uuid}
 
@@ -190,6 +218,7 @@ class SimulatedBackend(Backend):
             gpu = self._gpu(gpu_uuid)
             inst = self._instance(gpu, instance_uuid)
             gpu.instances.remove(inst)
+            self._persist()
         return {"instance_uuid": instance_uuid, "gpu_uuid": gpu_uuid, "destroyed": True}
 
     def sample(self) -> list[dict]:
@@ -213,6 +242,7 @@ class SimulatedBackend(Backend):
                 gpu.busy = level
             else:
                 self._instance(gpu, instance_uuid).busy = level
+                self._persist()
         return {"gpu_uuid": gpu_uuid, "instance_uuid": instance_uuid, "busy": level}
 
     def inject_fault(self, gpu_uuid: str, fault: str, xid: int | None = None) -> dict:

@@ -2,6 +2,8 @@
 workload on a laptop. It "pulls" (with progress), starts, runs writing log lines, and a job exits after
 SIM_RUN_SECONDS (from its environment, default 5) with SIM_EXIT_CODE (default 0). An image reference ending in
 ":missing" does not exist, to show the failure path. Notices and stops are logged as a container would see them.
+Given a state file (nodeagent/sim_state.py) its containers outlive the agent, as an engine's do: a restarted agent
+finds them (`found`) and the server adopts them.
 """
 from __future__ import annotations
 
@@ -10,11 +12,12 @@ import random
 import threading
 import time
 import uuid as uuidlib
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .. import protocol
 from ..errors import BackendError
+from ..sim_state import StateFile
 from .base import Report, Runtime, WorkloadSpec, state
 
 PULL_SECONDS = 0.3
@@ -34,12 +37,28 @@ class SimulatedRuntime(Runtime):
     name = "simulated"
 
     def __init__(self, report: Report | None = None, node: str = "", *, seed: int | None = None,
-                 pull_seconds: float = PULL_SECONDS, log_every: float = LOG_EVERY_SECONDS) -> None:
+                 pull_seconds: float = PULL_SECONDS, log_every: float = LOG_EVERY_SECONDS,
+                 state: StateFile | None = None) -> None:
         super().__init__(report, node)
         self.pull_seconds, self.log_every = pull_seconds, log_every
         self._lock = threading.Lock()
         self._running: dict[str, _Sim] = {}
         self._rng = random.Random(seed)
+        self.state = state
+        for kept in (state.load("containers") if state else None) or []:
+            sim = self._running[kept["spec"]["lease"]] = _Sim(WorkloadSpec(**kept["spec"]), kept["container"],
+                                                              kept["started"], kept["exit_code"])
+            if sim.exit_code is None:  # still running: its log goes on
+                self._watch(sim)
+
+    def _persist(self) -> None:
+        """Write the containers there are now (called under the lock, after each change)."""
+        if self.state is not None:
+            self.state.save("containers", [{"spec": asdict(s.spec), "container": s.container, "started": s.started,
+                                            "exit_code": s.exit_code} for s in self._running.values()])
+
+    def _watch(self, sim: _Sim) -> None:
+        threading.Thread(target=self._run, args=(sim,), name=f"sim-{sim.spec.lease[:8]}", daemon=True).start()
 
     def start(self, spec: WorkloadSpec) -> dict[str, Any]:
         with self._lock:
@@ -52,13 +71,16 @@ class SimulatedRuntime(Runtime):
         if spec.image.endswith(":missing"):
             with self._lock:
                 self._running.pop(spec.lease, None)
+                self._persist()
             reason = f"the image {spec.image} could not be pulled: manifest unknown"
             state(self.report, spec.lease, "failed", reason=reason)
             raise BackendError(protocol.E_INTERNAL, reason)
         state(self.report, spec.lease, "starting")
-        sim.started = time.time()
+        with self._lock:
+            sim.started = time.time()
+            self._persist()
         state(self.report, spec.lease, "running", container=sim.container, at=sim.started)
-        threading.Thread(target=self._run, args=(sim,), name=f"sim-{spec.lease[:8]}", daemon=True).start()
+        self._watch(sim)
         return {"container": sim.container, "state": "running"}
 
     def _run(self, sim: _Sim) -> None:
@@ -74,13 +96,16 @@ class SimulatedRuntime(Runtime):
             loss *= 0.97 + 0.02 * self._rng.random()
             self.report(protocol.logs(lease=spec.lease, data=f"step {step}: loss {loss:.4f}\n"))
             if run_for is not None and time.time() - sim.started >= run_for:
-                sim.exit_code = code
+                with self._lock:
+                    sim.exit_code = code
+                    self._persist()
                 state(self.report, spec.lease, "exited", container=sim.container, exit_code=code)
                 return
 
     def stop(self, lease: str, grace_seconds: float) -> dict[str, Any]:
         with self._lock:
             sim = self._running.pop(lease, None)
+            self._persist()
         if sim is None:
             state(self.report, lease, "removed")
             return {"removed": False, "exit_code": None}

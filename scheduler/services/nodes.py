@@ -223,7 +223,7 @@ def _geometry_of(g: dict) -> core_mig.MigGeometry | None:
 
 def _reconcile_instances(*, gpu: Gpu, geometry, reported: list[dict], now: datetime) -> None:
     """Make the server's slices agree with the instances the agent found on the GPU."""
-    from .slices import slice_destroy_command
+    from .slices import slice_destroy_command, slice_found_carved
 
     seen = {i["uuid"]: i for i in reported}
     active = Slice.objects.filter(gpu=gpu, state__in=Slice.ACTIVE_STATES)
@@ -242,8 +242,13 @@ def _reconcile_instances(*, gpu: Gpu, geometry, reported: list[dict], now: datet
             elif not sl.commands.filter(op="destroy_instance", state__in=AgentCommand.OPEN_STATES).exists():
                 slice_destroy_command(sl)
     known = set(active.exclude(instance_uuid="").values_list("instance_uuid", flat=True))
+    carving = {(sl.profile, sl.start): sl for sl in active.filter(state=Slice.State.CREATING, instance_uuid="")}
     for uuid, inst in seen.items():
         if uuid in known or geometry is None or not geometry.has_profile(inst["profile"]):
+            continue
+        being_carved = carving.pop((inst["profile"], int(inst["start"])), None)
+        if being_carved is not None:
+            slice_found_carved(sl=being_carved, instance_uuid=uuid, at=now)
             continue
         # An instance we did not create (made by hand on the host): adopt it so it is planned around.
         Slice.objects.create(gpu=gpu, profile=inst["profile"], start=int(inst["start"]),

@@ -149,6 +149,22 @@ def slice_command_finished(*, command: AgentCommand, at: datetime) -> None:
             slice_destroy_command(sl)
 
 
+def slice_found_carved(*, sl: Slice, instance_uuid: str, at: datetime) -> None:
+    """The agent's hello reports an instance at the placement of `sl`, a slice still being carved: the agent made
+    it, then died (or lost its socket) before its answer reached us, and a GPU keeps its instances. The instance is
+    the slice's: its create command is answered with it (so it is not sent again, which would carve a second one
+    or fail on the first), and the slice is ready."""
+    command = (AgentCommand.objects.select_for_update()
+               .filter(slice=sl, op="create_instance", state__in=AgentCommand.OPEN_STATES).first())
+    if command is None:
+        return
+    command.state, command.completed_at = AgentCommand.State.SUCCEEDED, at
+    command.result = {"instance_uuid": instance_uuid, "gpu_uuid": sl.gpu.uuid, "profile": sl.profile,
+                      "start": sl.start, "size": sl.size, "found_in": "hello"}
+    command.save()
+    slice_command_finished(command=command, at=at)
+
+
 def slice_destroy_command(sl: Slice) -> AgentCommand:
     """Ask the agent (again) to destroy a DESTROYING slice's instance."""
     return command_issue(node=sl.gpu.node, op="destroy_instance", slice=sl,

@@ -161,13 +161,19 @@ class LiveStack:
 
     def start_agent(self, node: dict, *, command: tuple[str, ...] = (sys.executable, "-m", "nodeagent"),
                     env: dict | None = None) -> subprocess.Popen:
-        """`command`: what runs the agent (default this checkout's package; an installed `gpumarket-agent`)."""
+        """`command`: what runs the agent (default this checkout's package; an installed `gpumarket-agent`). Each
+        simulated machine keeps its MIG instances and containers in its own state file (`agent_state`), so an agent
+        killed and started again finds them, as on real hardware."""
         program, *prefix = command
         return self._spawn(f"agent-{node['name']}", [
             *prefix, "--server", self.agent_server(node), "--simulate", node["simulate"],
             "--hostname", f"{node['name']}.e2e", "--interval", str(self.agent_interval), "--seed", "7",
-            *self.agent_args],
+            "--state-file", str(self.agent_state(node["name"])), *self.agent_args],
             {"NODEAGENT_TOKEN": node["token"], **(env or {})}, program=program)
+
+    def agent_state(self, name: str) -> Path:
+        """The state file of node `name`'s simulated machine (nodeagent/sim_state.py)."""
+        return self.tmp / "agents" / name / "state.json"
 
     @property
     def web_urls(self) -> list[str]:

@@ -238,8 +238,7 @@ def test_a_spot_notice_reaches_the_containers_sigterm_trap_before_the_kill_at_th
 
 
 def test_an_agent_killed_with_9_has_its_containers_adopted_when_it_is_back_and_leftovers_removed(live, engine):
-    # A whole L4: the simulated GPUs' MIG instances live in the agent's memory and would go with it (real ones
-    # stay on the GPU); a whole GPU has none to lose.
+    # A whole L4: the test is about containers, not MIG instances (the fault suite kills agents holding those).
     keep = live.order({"mode": "on_demand", "gpu_models": ["l4"], "whole_gpu": True, "duration_seconds": 900,
                        "workload": {"image": "localhost/gpm-busybox:test"}})["leases"][0]
     live.running(keep)

@@ -512,6 +512,34 @@ def test_a_reserved_window_whose_provision_fails_is_placed_again_on_its_gpu_and_
     assert ledger_check() == []
 
 
+def test_a_reserved_window_the_beat_starts_late_refunds_the_time_from_its_start_until_its_lease_ran(fleet):
+    fleet.node("a100-80gb:1", price="2.00")
+    holder = UserFactory()
+    top_up(holder, "100")
+    # Booked so that the window started ten minutes ago and nothing opened its lease since (the beat was down).
+    r = _book_a100_window(fleet, holder, timezone.now() - timedelta(hours=2, minutes=10))
+    reservations.reservations_tick()
+    lease = Lease.objects.get(reservation=r)
+    ran = timezone.now()
+    leases.slice_ready(sl=lease.slice, at=ran)
+    before = wallet(holder)
+    reservations.reservations_tick(now=r.ends_at)
+    r.refresh_from_db()
+    assert r.state == Reservation.State.DONE
+    lost = (ran - r.starts_at).total_seconds()
+    assert 600 <= lost < 660
+    assert wallet(holder) - before == amounts.micro(r.price_total * Decimal(str(lost)) / Decimal(7200))
+    assert ledger_check() == []
+
+
+def test_the_time_a_window_was_not_delivered_counts_once_where_its_lost_spans_overlap():
+    t = timezone.now()
+    spans = [(t, t + timedelta(seconds=60)), (t + timedelta(seconds=30), t + timedelta(seconds=90)),
+             (t + timedelta(seconds=200), t + timedelta(seconds=400))]
+    assert reservations._seconds_covered(spans, start=t + timedelta(seconds=10), end=t + timedelta(seconds=300)) \
+        == 80 + 100
+
+
 @pytest.mark.parametrize("amount, fee, weights", [
     ("0.000050", "0.000005", [60] * 60),        # the wallet's last micro-dollars over an hour of minutes
     ("0.000003", "0.000001", [30, 60, 60, 30]),

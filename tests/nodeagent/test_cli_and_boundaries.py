@@ -29,6 +29,9 @@ FORBIDDEN = ("django", "rest_framework", "channels", "celery", "marketplace", "c
     (["--server", "ws://h/", "--simulate", "l4:1"], "no token"),
     (["--server", "ws://h/", "--token", "t", "--simulate", "l4:1", "--busy-on-create", "2"], "between 0 and 1"),
     (["--server", "ws://h/", "--token", "t", "--busy-on-create", "0.5"], "only applies with --simulate"),
+    (["--server", "ws://h/", "--token", "t", "--state-file", "s.json"], "--state-file only applies with --simulate"),
+    (["--server", "ws://h/", "--token", "t", "--create-seconds", "1"], "--create-seconds only applies with"),
+    (["--server", "ws://h/", "--token", "t", "--simulate", "l4:1", "--create-seconds", "-1"], "carving must be"),
 ])
 def test_bad_command_lines_exit_2_with_a_clear_error(argv, words, capsys, monkeypatch):
     monkeypatch.delenv("NODEAGENT_TOKEN", raising=False)

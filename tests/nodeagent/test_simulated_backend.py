@@ -227,3 +227,49 @@ def test_a_workload_share_outside_0_to_1_is_refused(share):
 
     with pytest.raises(ValueError):
         SimulatedBackend("l4:1", busy_on_create=share)
+
+
+def test_with_a_state_file_a_restarted_machine_keeps_its_instances_as_a_gpu_does(tmp_path):
+    from nodeagent.sim_state import StateFile
+
+    state = StateFile(tmp_path / "node-a" / "state.json")
+    first = SimulatedBackend("h100-80gb:2,l4:1", hostname="node-a", seed=7, state=state)
+    gpu = first.inventory()["gpus"][0]["uuid"]
+    kept = first.create_instance(gpu, "3g.40gb", 4)
+    gone = first.create_instance(gpu, "1g.10gb", 0)
+    first.destroy_instance(gpu, gone["instance_uuid"])
+    again = SimulatedBackend("h100-80gb:2,l4:1", hostname="node-a", seed=7, state=StateFile(state.path))
+    assert again.inventory()["gpus"][0]["instances"] == [
+        {"uuid": kept["instance_uuid"], "profile": "3g.40gb", "start": 4, "size": 4}]
+    with pytest.raises(BackendError) as exc:  # its memory slices are still taken
+        again.create_instance(gpu, "3g.40gb", 4)
+    assert exc.value.code == protocol.E_INSUFFICIENT
+    # Without a state file the machine starts empty, as before.
+    assert SimulatedBackend("h100-80gb:2,l4:1", hostname="node-a", seed=7).inventory()["gpus"][0]["instances"] == []
+
+
+def test_a_state_file_that_is_not_json_is_refused_with_what_to_do(tmp_path):
+    from nodeagent.sim_state import StateFile
+
+    (tmp_path / "state.json").write_text("{half")
+    with pytest.raises(ValueError, match="move it away"):
+        SimulatedBackend("l4:1", hostname="node-a", state=StateFile(tmp_path / "state.json"))
+
+
+def test_with_a_state_file_a_restarted_runtime_finds_its_containers(tmp_path):
+    from nodeagent.runtime.base import WorkloadSpec
+    from nodeagent.runtime.simulated import SimulatedRuntime
+    from nodeagent.sim_state import StateFile
+
+    state = StateFile(tmp_path / "state.json")
+    first = SimulatedRuntime(state=state, pull_seconds=0, log_every=0.05)
+    spec = WorkloadSpec(lease="L1", image="img:1", device_gpu="GPU-1", device_instance="MIG-1", cpus=1, memory_mb=512)
+    started = first.start(spec)
+    first.start(WorkloadSpec(**{**spec.__dict__, "lease": "L2"}))
+    first.stop("L2", grace_seconds=0)
+    frames = []
+    again = SimulatedRuntime(report=frames.append, state=StateFile(state.path), pull_seconds=0, log_every=0.05)
+    assert again.found() == [{"lease": "L1", "container": started["container"], "state": "running"}]
+    assert again.start(spec) == {"container": started["container"], "state": "running"}  # adopted, not twice
+    again.stop("L1", grace_seconds=0)
+    assert again.found() == [] and SimulatedRuntime(state=StateFile(state.path)).found() == []

@@ -171,12 +171,17 @@ def test_nodes_silent_past_the_heartbeat_timeout_go_offline_and_come_back_when_h
     assert Node.objects.get(pk=stale.pk).status == Node.Status.ONLINE
 
 
-def test_a_reconnecting_agent_adopts_instances_made_on_the_host_and_fails_slices_that_vanished():
-    node, token = node_with_token()
+def _simulated_node_carving(*, start: int):
+    """A node whose agent is a simulated A100 (said hello), with a 3g.40gb slice at `start` being carved."""
+    node, _ = node_with_token()
     backend = sim_backend("a100-80gb:1", hostname="r")
     node_services.node_hello(node_id=node.pk, frame=hello_from(backend))
     gpu = node.gpus.get()
-    sl = slice_services.slice_create(gpu_id=gpu.pk, profile="3g.40gb", start=0)
+    return node, backend, gpu, slice_services.slice_create(gpu_id=gpu.pk, profile="3g.40gb", start=start)
+
+
+def test_a_reconnecting_agent_adopts_instances_made_on_the_host_and_fails_slices_that_vanished():
+    node, backend, gpu, sl = _simulated_node_carving(start=0)
     command_services.command_complete(node_id=node.pk, frame=_result(AgentCommand.objects.get(slice=sl),
                                                                      instance_uuid="MIG-gone"))
     made_by_hand = backend.create_instance(gpu.uuid, "3g.40gb", 4)
@@ -185,6 +190,23 @@ def test_a_reconnecting_agent_adopts_instances_made_on_the_host_and_fails_slices
     assert sl.state == Slice.State.FAILED
     adopted = Slice.objects.get(instance_uuid=made_by_hand["instance_uuid"])
     assert (adopted.profile, adopted.start, adopted.state) == ("3g.40gb", 4, Slice.State.READY)
+
+
+def test_an_instance_carved_before_the_agent_died_is_its_slice_not_an_adopted_one_and_its_create_is_not_resent():
+    node, backend, gpu, sl = _simulated_node_carving(start=4)
+    create = AgentCommand.objects.get(slice=sl)
+    command_services.commands_mark_sent(command_ids=[create.pk], at=timezone.now())
+    # The agent carved it and died before answering; its restarted self reports the instance.
+    carved = backend.create_instance(gpu.uuid, "3g.40gb", 4)
+    node_services.node_hello(node_id=node.pk, frame=hello_from(backend))
+    sl.refresh_from_db()
+    create.refresh_from_db()
+    assert (sl.state, sl.instance_uuid) == (Slice.State.READY, carved["instance_uuid"])
+    assert create.state == AgentCommand.State.SUCCEEDED
+    assert command_services.commands_open_for(node_id=node.pk) == []
+    assert Slice.objects.filter(gpu=gpu, state__in=Slice.ACTIVE_STATES).count() == 1
+    # The first agent's late answer (had it survived) changes nothing.
+    assert command_services.command_complete(node_id=node.pk, frame=_result(create, instance_uuid="MIG-x")) is None
 
 
 @pytest.mark.parametrize("sample, previous_dbe, expect", [

@@ -107,7 +107,9 @@ class Command(BaseCommand):
             if not no_agents:
                 for spec, node, token in nodes:
                     argv = [py, "-m", "nodeagent", "--server", f"ws://{host}:{port}/ws/agent/", "--simulate",
-                            spec.simulate, "--hostname", f"{spec.name}.local", "--busy-on-create", "0.8", *runtime]
+                            spec.simulate, "--hostname", f"{spec.name}.local", "--busy-on-create", "0.8",
+                            # Its MIG instances and containers outlive the agent, as a real server's do.
+                            "--state-file", str(settings.VAR_DIR / "agents" / spec.name / "state.json"), *runtime]
                     start(f"agent-{spec.name}", argv, {"NODEAGENT_TOKEN": token}, final=AGENT_FINAL,
                           by_hand=command_line(argv, {"NODEAGENT_TOKEN": "<the node's new token>"}))
             url = f"http://{host}:{port}/"
