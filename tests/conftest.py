@@ -24,6 +24,19 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: "browser" in item.keywords)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test that ran a live stack (e2e, faults, browser) carries the logs of the stack's processes."""
+    from tests.e2e.livestack import LiveStack
+
+    report = yield
+    if report.failed:
+        for name, value in getattr(item, "funcargs", {}).items():
+            if isinstance(value, LiveStack):
+                report.sections.append((f"logs of the processes of `{name}`", value.logs()))
+    return report
+
+
 @pytest.fixture
 def python() -> str:
     return sys.executable

@@ -296,7 +296,7 @@ def _close_said(*, code: int | None, reason: str | None, by: str | None) -> str:
 
 def nodes_mark_offline(*, now: datetime | None = None) -> list:
     """Mark online or draining nodes silent past the heartbeat timeout offline; returns their ids. Their leases
-    stay (nodes_lose_leases ends them once the silence outlasts the grace). When more than OFFLINE_MASS_SHARE of
+    stay (nodes_lose_leases ends them once the silence outlasts the grace). When at least OFFLINE_MASS_SHARE of
     the live fleet (2 nodes at least) fell silent at once, the platform is deaf, not the nodes (Redis or the web
     processes are down: liveness reaches us only through them): nobody is marked, and why is logged, until the
     silence outlasts the grace too."""
@@ -306,7 +306,7 @@ def nodes_mark_offline(*, now: datetime | None = None) -> list:
     with transaction.atomic():
         stale = list(live.select_for_update(skip_locked=True).filter(last_heartbeat__lt=now - timedelta(seconds=timeout))
                      .values_list("pk", "last_heartbeat"))
-        if len(stale) >= 2 and len(stale) > settings.FLEET["OFFLINE_MASS_SHARE"] * live.count():
+        if len(stale) >= 2 and len(stale) >= settings.FLEET["OFFLINE_MASS_SHARE"] * live.count():
             held = [pk for pk, heard in stale if heard >= now - timedelta(seconds=timeout + grace)]
             if held:
                 log.warning("%d of %d live nodes fell silent at once: the platform's own outage (Redis, the web "

@@ -150,7 +150,9 @@ def test_postgres_connections_killed_during_order_placement_answer_503_then_the_
         wrong = [(s, a) for s, a in answers if not (200 <= s < 300 or (s == 503 and json_error(a)))]
         assert wrong == [], wrong[:3]
 
-        # Recovered without a restart: orders through either web process are placed again.
+        # Recovered without a restart: every agent is back (its socket dropped with its connections) and orders
+        # through either web process are placed again.
+        wait_for_online(cluster)
         wait_until(lambda: (lambda s, a: a if s == 201 else None)(
             *cluster.api("POST", "/api/v1/orders/", body, key=buyer["api_key"])), timeout=20, interval=0.5,
             what="an order placed after the connections were killed")
@@ -167,6 +169,7 @@ def test_postgres_connections_killed_during_order_placement_answer_503_then_the_
 
 def test_a_killed_web_process_s_agents_reconnect_to_the_other_and_their_leases_keep_running(cluster, buyer):
     assert AGENT_WEB["f-a100-b"] == 1
+    wait_for_online(cluster)
     lease = place(cluster, buyer, {**SLICE, "gpu_models": ["a100-80gb"]})
     wait_running(cluster, [lease])
     killed_at = time.time()

@@ -9,6 +9,7 @@ from datetime import timedelta
 from decimal import Decimal
 
 import pytest
+from django.utils import timezone
 
 from marketplace.amounts import micro
 from marketplace.lifecycle import leases
@@ -116,3 +117,16 @@ def test_most_of_the_fleet_silent_at_once_is_the_platforms_outage_and_nobody_is_
     late = heard + timedelta(seconds=TIMEOUT + GRACE + 1)
     Node.objects.filter(pk=c.pk).update(last_heartbeat=late)
     assert sorted(node_services.nodes_mark_offline(now=late), key=str) == sorted([a.pk, b.pk], key=str)
+
+
+def test_half_of_the_fleet_silent_at_once_is_the_platform_too(fleet):
+    """The web process two of four agents were connected to lost its database connections: half the fleet went
+    silent together; that is the platform's fault, not two nodes dying at the same second."""
+    nodes = [fleet.node("l4:1") for _ in range(4)]
+    now = timezone.now()
+    for node in nodes[:2]:
+        _silent_since(node, now - timedelta(seconds=TIMEOUT + 1))
+    for node in nodes[2:]:
+        _silent_since(node, now)
+    assert node_services.nodes_mark_offline(now=now) == []
+    assert set(Node.objects.values_list("status", flat=True)) == {Node.Status.ONLINE}
