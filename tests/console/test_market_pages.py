@@ -376,7 +376,10 @@ def test_a_provider_sees_earnings_over_time_from_metered_usage(client, fleet):
     buyer = UserFactory()
     top_up(buyer, "100")
     lease = on_demand(fleet, buyer)
-    leases.meter_tick(now=lease.started_at + timedelta(seconds=600))
+    # Ten minutes, or what is left of this month (the chart's last bar is the current month).
+    month_end = (lease.started_at.replace(day=28) + timedelta(days=4)).replace(day=1, hour=0, minute=0, second=0,
+                                                                                microsecond=0)
+    leases.meter_tick(now=min(lease.started_at + timedelta(seconds=600), month_end - timedelta(seconds=1)))
     client.force_login(prov)
     html = client.get("/nodes/").content.decode()
     month = timezone.now().strftime("%Y-%m")
