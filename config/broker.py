@@ -155,13 +155,21 @@ class Channel(filesystem.Channel):
         if self._claim_lock is not None and self._claim_pid == os.getpid():
             return
         token = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
-        self._claim_dir = self._claimed / token
-        self._claim_dir.mkdir()
-        # Locked before it gets the name a recoverer looks for, so no recoverer can take it for a dead one's.
+        claim_dir = self._claimed / token
+        claim_dir.mkdir()
+        # Locked before it gets the name a recoverer looks for (recoverers skip the hidden name), so no recoverer
+        # can take it for a dead one's.
         hidden = self._claimed / f".{token}.lock"
         lock = open(hidden, "w")
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        os.rename(hidden, self._claimed / f"{token}.lock")
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            os.rename(hidden, self._claimed / f"{token}.lock")
+        except OSError:
+            lock.close()
+            hidden.unlink(missing_ok=True)
+            claim_dir.rmdir()
+            raise
+        self._claim_dir = claim_dir
         self._claim_lock, self._claim_pid = lock, os.getpid()
         self._recover_dead_claims()
 
@@ -170,8 +178,9 @@ class Channel(filesystem.Channel):
         self._recovered_at = time.monotonic()
         returned = 0
         for lock_path in self._claimed.glob("*.lock"):
-            if self._claim_dir is not None and lock_path.stem == self._claim_dir.name:
-                continue
+            if lock_path.name.startswith(".") or (self._claim_dir is not None
+                                                  and lock_path.stem == self._claim_dir.name):
+                continue  # a consumer taking its lock right now, or our own
             try:
                 lock = open(lock_path, "r+")
             except FileNotFoundError:

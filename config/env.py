@@ -129,7 +129,10 @@ class DbPool:
     """A web or worker process's PostgreSQL connections (docs/deployment.md: processes x max_size must stay under
     the server's max_connections less a reserve). max_size 0: no pool in the process, a PgBouncer pools instead."""
 
-    def __init__(self, *, min_size: int = 2, max_size: int = 10, timeout: float = 10.0, max_idle: float = 60.0):
+    TIMEOUT_SECONDS = 30.0  # how long a request waits for a connection (DB_POOL_TIMEOUT)
+
+    def __init__(self, *, min_size: int = 2, max_size: int = 10, timeout: float = TIMEOUT_SECONDS,
+                 max_idle: float = 60.0):
         self.min_size, self.max_size, self.timeout, self.max_idle = min_size, max_size, timeout, max_idle
 
     @classmethod
@@ -139,7 +142,7 @@ class DbPool:
         if min_size > max_size:
             raise ImproperlyConfiguredEnv("DB_POOL_MIN", f"{min_size} is above DB_POOL_MAX {max_size}")
         return cls(min_size=min_size, max_size=max_size,
-                   timeout=env_float("DB_POOL_TIMEOUT", 30.0, minimum=0.1, maximum=600))
+                   timeout=env_float("DB_POOL_TIMEOUT", cls.TIMEOUT_SECONDS, minimum=0.1, maximum=600))
 
     def options(self) -> dict:
         # Connections above min_size that sat idle this long are closed: a burst's connections do not stay open.

@@ -196,7 +196,7 @@ def unbill_after(lease: Lease, *, at: datetime, memo: str) -> Decimal:
         left = movements.refundable(original=txn)[1]
         if left > 0:
             amount = min(left, over - refunded)
-            movements.refund(original=txn, idempotency_key=f"unbilled:{txn.pk}:{lease.accrued_until:%s}",
+            movements.refund(original=txn, idempotency_key=f"unbilled:{txn.pk}:{int(lease.accrued_until.timestamp())}",
                              memo=memo[:400], amount=amount)
             refunded += amount
     lease.cost_charged -= refunded

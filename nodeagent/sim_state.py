@@ -14,10 +14,17 @@ from pathlib import Path
 from typing import Any
 
 
+_LOCKS: dict[Path, threading.Lock] = {}
+_LOCKS_GUARD = threading.Lock()
+
+
 class StateFile:
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
-        self._lock = threading.Lock()
+        # One lock per file in this process: the backend and the runtime each hold a StateFile of the same file and
+        # save from different threads; each save reads the whole file and writes it back, so two must not overlap.
+        with _LOCKS_GUARD:
+            self._lock = _LOCKS.setdefault(self.path.resolve(), threading.Lock())
 
     def _read(self) -> dict[str, Any]:
         try:

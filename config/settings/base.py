@@ -164,7 +164,7 @@ FLEET = {
     # time refunded): a node back within it keeps them. Covers an outage of the platform's own parts (Redis, a
     # web process) that silences healthy nodes (docs/market.md "When a node falls silent").
     "OFFLINE_LEASE_GRACE_SECONDS": env_float("FLEET_OFFLINE_LEASE_GRACE", 120.0, minimum=0.0),
-    # More than this share of the live fleet (2 nodes at least) silent at once is the platform's outage, not the
+    # At least this share of the live fleet (2 nodes at least) silent at once is the platform's outage, not the
     # nodes': the check marks none of them offline until their silence outlasts the grace.
     "OFFLINE_MASS_SHARE": env_float("FLEET_OFFLINE_MASS_SHARE", 0.5, minimum=0.0, maximum=1.0),
     # Health thresholds that cordon a GPU (DESIGN.md §7).
@@ -189,8 +189,9 @@ FLEET = {
     # Containers' output from one agent (log chunks of up to 16 KiB, each container's flushed every 0.5 s).
     "AGENT_LOGS_RATE": env_float("FLEET_AGENT_LOGS_RATE", 50.0, minimum=0.01, maximum=1e6),
     "AGENT_LOGS_BURST": env_int("FLEET_AGENT_LOGS_BURST", 200, minimum=1, maximum=10**6),
-    # Hellos: one per connection from a healthy agent, and the costliest frame (the whole inventory upserted
-    # under the node's lock); a flood of them slowed every API request.
+    # Hellos on one socket: one per connection from a healthy agent, and the costliest frame (the whole inventory
+    # upserted under the node's lock); a flood of them on a socket slowed every API request. (A loop of new
+    # connections is another socket each time: limit connection rates at the reverse proxy, deploy/nginx.conf.)
     "AGENT_HELLO_RATE": env_float("FLEET_AGENT_HELLO_RATE", 0.2, minimum=0.001, maximum=1e6),
     "AGENT_HELLO_BURST": env_int("FLEET_AGENT_HELLO_BURST", 3, minimum=1, maximum=10**6),
     "AGENT_EVENT_DETAIL_MAX_BYTES": env_int("FLEET_AGENT_EVENT_DETAIL_MAX_BYTES", 4096, minimum=64,

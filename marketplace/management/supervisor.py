@@ -29,6 +29,9 @@ class Child:
     final: dict[int, str] = field(default_factory=dict)
     # What the user runs to start it by hand once they fixed that (shown with the reason).
     by_hand: str = ""
+    # Called after each restart (not the first start): what the child needs from us again, e.g. the fake Stripe
+    # keeps its webhook registrations in memory. It returns a line to say, or raises to have it said as a problem.
+    after_restart: Callable[[], str | None] | None = None
     proc: subprocess.Popen | None = None
     started_at: float = 0.0
     failures: int = 0  # exits in a row without a stable run in between
@@ -83,6 +86,13 @@ class Supervisor:
                     self.start(child)
                     child.restarts += 1
                     self.say(f"{child.name} started again (restart {child.restarts})")
+                    if child.after_restart is not None:
+                        try:
+                            said = child.after_restart()
+                        except Exception as exc:  # noqa: BLE001 (said, and the child keeps being supervised)
+                            said = f"{child.name}: {exc}"
+                        if said:
+                            self.say(said)
                 continue
             code = child.proc.poll() if child.proc is not None else None
             if code is None:

@@ -149,8 +149,10 @@ def undelivered_seconds(r: Reservation) -> float:
         return next((x.started_at for x in after if x.started_at), None) or r.ends_at
 
     gaps = []
-    if leases[0].created_at - r.starts_at > late_start_after():
-        gaps.append((r.starts_at, running_again(leases)))
+    # Measured from the booking when the window was booked after its start (a window may start up to a minute ago).
+    due = max(r.starts_at, r.created_at)
+    if leases[0].created_at - due > late_start_after():
+        gaps.append((due, running_again(leases)))
     for i, lease in enumerate(leases):
         if lease.state == Lease.State.FAILED or lease.end_reason in LOST_REASONS:
             gaps.append((max(lease.ended_at or r.starts_at, r.starts_at), running_again(leases[i + 1:])))

@@ -331,10 +331,11 @@ def nodes_lose_leases(*, now: datetime | None = None) -> list:
     now = now or timezone.now()
     silence = settings.FLEET["HEARTBEAT_TIMEOUT_SECONDS"] + settings.FLEET["OFFLINE_LEASE_GRACE_SECONDS"]
     cutoff = now - timedelta(seconds=silence)
-    # Nodes that still hold an instance (a dead node's leases are gone once their slices are).
-    holding = (Slice.objects.filter(state__in=Slice.ACTIVE_STATES, gpu__node__status=Node.Status.OFFLINE,
-                                    gpu__node__last_heartbeat__lt=cutoff)
-               .values_list("gpu__node_id", flat=True).distinct())
+    # Nodes with a slice still being carved or running (once their leases are lost, the slices are destroying, and
+    # an instance adopted from the GPU holds no lease): each is told once, not at every check.
+    holding = (Slice.objects.filter(state__in=[Slice.State.CREATING, Slice.State.READY],
+                                    gpu__node__status=Node.Status.OFFLINE, gpu__node__last_heartbeat__lt=cutoff)
+               .exclude(error__startswith="adopted").values_list("gpu__node_id", flat=True).distinct())
     lost = []
     for pk in list(holding):
         with transaction.atomic():

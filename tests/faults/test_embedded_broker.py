@@ -40,11 +40,11 @@ def _produce(env, start: int, count: int, sleep: float = 0.0) -> subprocess.Pope
 
 
 def _worker(env, tmp: Path, name: str) -> subprocess.Popen:
-    log = open(tmp / f"{name}.log", "ab")
-    return subprocess.Popen([sys.executable, "-m", "celery", "-A", "tests.faults.brokerapp", "worker", "--pool",
-                             "prefork", "--concurrency", "2", "--without-mingle", "--without-gossip",
-                             "--loglevel", "WARNING", "-n", f"{name}@%h"],
-                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    with open(tmp / f"{name}.log", "ab") as log:  # the child keeps its own descriptor
+        return subprocess.Popen([sys.executable, "-m", "celery", "-A", "tests.faults.brokerapp", "worker", "--pool",
+                                 "prefork", "--concurrency", "2", "--without-mingle", "--without-gossip",
+                                 "--loglevel", "WARNING", "-n", f"{name}@%h"],
+                                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
 def _runs(tmp: Path) -> list[tuple[int, int]]:
@@ -104,3 +104,24 @@ def test_a_worker_killed_with_tasks_in_hand_loses_none_of_them(broker_env, tmp_p
     finally:
         _stop(second)
     assert not list((tmp_path / "celery" / "claimed").rglob("*.msg"))
+
+
+def test_a_consumer_taking_its_lock_is_not_taken_for_a_dead_one(tmp_path):
+    """A consumer creates its lock under a hidden name and locks it before renaming it: a recoverer that ran in
+    between must leave that file alone (it used to flock it, find it free and delete it under the consumer)."""
+    from kombu import Connection
+
+    from config.broker import broker_folders
+
+    with Connection("filesystem://", transport="config.broker:Transport",
+                    transport_options=broker_folders(tmp_path / "celery")) as conn:
+        channel = conn.channel()
+        starting = tmp_path / "celery" / "claimed" / ".4242-abcdef.lock"
+        starting.write_text("")  # made, not yet locked: the instant between open() and flock()
+        dead = tmp_path / "celery" / "claimed" / "4343-fedcba"
+        dead.mkdir()
+        (dead.parent / "4343-fedcba.lock").write_text("")
+        (dead / "0001_x.celery.msg").write_text("{}")
+        assert channel._recover_dead_claims() == 1  # the dead consumer's claim goes back to the queue
+        assert starting.exists()
+        assert [p.name for p in (tmp_path / "celery" / "queue").iterdir()] == ["0001_x.celery.msg"]

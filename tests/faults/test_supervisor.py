@@ -65,3 +65,26 @@ def test_stop_all_stops_every_running_child(tmp_path):
                 for i in range(3)]
     sup.stop_all(grace=10)
     assert all(c.proc.poll() is not None for c in sleepers)
+
+
+def test_what_a_child_needs_again_after_a_restart_is_done_and_said(tmp_path):
+    """The fake Stripe keeps its webhooks in memory: the demo registers them again after each restart."""
+    lines, clock, calls = [], Clock(), []
+
+    def again():
+        calls.append(clock.now)
+        if len(calls) == 2:
+            raise RuntimeError("localstripe did not start")
+        return "localstripe: the payment webhook is registered again"
+
+    sup = Supervisor(lines.append, clock=clock)
+    stripe = sup.start(Child("localstripe", _exits(1), tmp_path / "stripe.log", after_restart=again))
+    assert calls == []  # not at the first start: the demo does that itself
+    for _ in range(2):
+        _run(sup, stripe)
+        clock.now = stripe.restart_at
+        sup.check()
+    assert len(calls) == 2
+    assert lines.count("localstripe: the payment webhook is registered again") == 1
+    assert "localstripe: localstripe did not start" in lines
+    sup.stop_all()

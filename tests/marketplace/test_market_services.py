@@ -455,6 +455,7 @@ def _book_a100_window(fleet, holder, t0):
     orders.order_place(buyer=holder, now=t0, spec=OrderSpec(
         mode="reserved", gpu_models=["a100-80gb"], memory_gb=10, window_start=t0 + timedelta(hours=2),
         window_end=t0 + timedelta(hours=4)))
+    Reservation.objects.filter(holder=holder).update(created_at=t0)  # booked at t0 (auto_now_add says now)
     return Reservation.objects.get(holder=holder)
 
 
@@ -530,6 +531,21 @@ def test_a_reserved_window_the_beat_starts_late_refunds_the_time_from_its_start_
     assert 600 <= lost < 660
     assert wallet(holder) - before == amounts.micro(r.price_total * Decimal(str(lost)) / Decimal(7200))
     assert ledger_check() == []
+
+
+def test_a_window_booked_after_its_start_is_late_only_from_its_booking(fleet):
+    """A window may start up to a minute before it is booked: the seconds before the booking were never the
+    platform's to deliver, and a lease opened at once is on time."""
+    fleet.node("a100-80gb:1", price="2.00")
+    holder = UserFactory()
+    top_up(holder, "100")
+    r = _book_a100_window(fleet, holder, timezone.now() - timedelta(hours=2, seconds=50))
+    Reservation.objects.filter(pk=r.pk).update(created_at=timezone.now())  # booked now, 50 s after its start
+    r.refresh_from_db()
+    reservations.reservations_tick()
+    lease = Lease.objects.get(reservation=r)
+    leases.slice_ready(sl=lease.slice, at=timezone.now())
+    assert reservations.undelivered_seconds(r) == 0
 
 
 def test_the_time_a_window_was_not_delivered_counts_once_where_its_lost_spans_overlap():

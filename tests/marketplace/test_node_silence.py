@@ -74,8 +74,8 @@ def test_a_silent_nodes_leases_end_only_after_the_grace_as_lost_at_its_last_hear
     assert lease.accrued_until == heard and lease.cost_charged == paid
     assert wallet(buyer) == Decimal("100") - paid
     assert ledger_check() == []
-    # Asked again (its slice is still being destroyed): nothing more is refunded.
-    node_services.nodes_lose_leases(now=t0 + timedelta(seconds=3700))
+    # Asked again (its slice is still being destroyed): the node is not told again, nothing more is refunded.
+    assert node_services.nodes_lose_leases(now=t0 + timedelta(seconds=3700)) == []
     assert wallet(buyer) == Decimal("100") - paid
 
 

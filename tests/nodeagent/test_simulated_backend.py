@@ -273,3 +273,26 @@ def test_with_a_state_file_a_restarted_runtime_finds_its_containers(tmp_path):
     assert again.start(spec) == {"container": started["container"], "state": "running"}  # adopted, not twice
     again.stop("L1", grace_seconds=0)
     assert again.found() == [] and SimulatedRuntime(state=StateFile(state.path)).found() == []
+
+
+def test_the_backend_and_the_runtime_saving_the_same_state_file_at_once_lose_nothing(tmp_path):
+    """Each save reads the whole file and writes it back: two StateFiles of one file (the backend's and the
+    runtime's, saving from different threads) must not overwrite each other's section."""
+    import threading
+
+    from nodeagent.sim_state import StateFile
+
+    path = tmp_path / "state.json"
+    backend, runtime = StateFile(path), StateFile(path)
+
+    def save(state, section):
+        for i in range(200):
+            state.save(section, i)
+
+    threads = [threading.Thread(target=save, args=(backend, "instances")),
+               threading.Thread(target=save, args=(runtime, "containers"))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert (StateFile(path).load("instances"), StateFile(path).load("containers")) == (199, 199)

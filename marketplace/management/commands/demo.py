@@ -85,15 +85,22 @@ class Command(BaseCommand):
                     raise CommandError("localstripe is not installed: pip install -r requirements-dev.txt")
                 if not _port_free("127.0.0.1", stripe_port):
                     raise CommandError(f"port {stripe_port} is in use: stop what runs there or pass --stripe-port")
-                start("localstripe", localstripe.argv(port=stripe_port, python=py))
                 stripe_base = f"http://127.0.0.1:{stripe_port}"
                 supervisor.base_env.update({"STRIPE_SECRET_KEY": "sk_test_local", "STRIPE_PUBLISHABLE_KEY": "pk_test_local",
-                            "STRIPE_API_BASE": stripe_base,
-                            "STRIPE_WEBHOOK_SECRET": "whsec_demo_" + secrets.token_hex(16)})
-                if not localstripe.wait_until_listening(port=stripe_port):
-                    raise CommandError(f"localstripe did not start; see {logs / 'localstripe.log'}")
-                localstripe.register_webhook(api_base=stripe_base, url=f"http://{_loopback(host)}:{port}/stripe/webhook/",
-                                             secret=supervisor.base_env["STRIPE_WEBHOOK_SECRET"])
+                                            "STRIPE_API_BASE": stripe_base,
+                                            "STRIPE_WEBHOOK_SECRET": "whsec_demo_" + secrets.token_hex(16)})
+
+                def register_webhook() -> str:
+                    # localstripe keeps its webhooks in memory: registered at start and again after each restart.
+                    if not localstripe.wait_until_listening(port=stripe_port):
+                        raise CommandError(f"localstripe did not start; see {logs / 'localstripe.log'}")
+                    localstripe.register_webhook(api_base=stripe_base,
+                                                 url=f"http://{_loopback(host)}:{port}/stripe/webhook/",
+                                                 secret=supervisor.base_env["STRIPE_WEBHOOK_SECRET"])
+                    return "localstripe: the payment webhook is registered again"
+
+                start("localstripe", localstripe.argv(port=stripe_port, python=py), after_restart=register_webhook)
+                register_webhook()
             start("web", [py, "-m", "uvicorn", "config.asgi:application", "--host", host, "--port", str(port),
                           "--ws", "config.wsprotocol:WebSocketProtocol", "--log-level", "warning"])
             start("worker", [py, "-m", "celery", "-A", "config", "worker", "--pool", "solo", "--without-mingle",
