@@ -32,6 +32,21 @@ def _page(request, *, key_form=None, project_form=None, notification_form=None, 
         "secret": secret, "new_key": new_key, "nav": "account"}, status=status)
 
 
+def _submit(request, form, slot: str, act, said, *, to: str = "console:account"):
+    """One posted account form: valid input goes to the service (`act`), then a message (`said` of what it
+    returned) and a redirect; invalid input or a refusal shows the page again with the form's errors (400)."""
+    if form.is_valid():
+        try:
+            done = act(form.cleaned_data)
+        except DomainError as exc:
+            add_domain_error(form, exc)
+        else:
+            messages.success(request, said(done))
+            return redirect(to)
+    mark_invalid(form)
+    return _page(request, **{slot: form}, status=400)
+
+
 @login_required
 def account(request):
     return _page(request)
@@ -68,17 +83,9 @@ def api_key_revoke(request, key_id):
 @login_required
 @require_POST
 def project_create(request):
-    form = ProjectForm(request.POST, prefix="project")
-    if form.is_valid():
-        try:
-            project = projects.project_create(user=request.user, **form.cleaned_data)
-        except DomainError as exc:
-            add_domain_error(form, exc)
-        else:
-            messages.success(request, f"Project “{project.name}” created.")
-            return redirect("console:account")
-    mark_invalid(form)
-    return _page(request, project_form=form, status=400)
+    return _submit(request, ProjectForm(request.POST, prefix="project"), "project_form",
+                   lambda data: projects.project_create(user=request.user, **data),
+                   lambda project: f"Project “{project.name}” created.")
 
 
 @login_required
@@ -100,34 +107,18 @@ def project_delete(request, project_id):
 @login_required
 @require_POST
 def notifications_save(request):
-    form = NotificationSettingsForm(request.POST, prefix="notify")
-    if form.is_valid():
-        try:
-            notifications.notification_settings_update(user=request.user, **form.cleaned_data)
-        except DomainError as exc:
-            add_domain_error(form, exc)
-        else:
-            messages.success(request, "Notification settings saved.")
-            return redirect("console:account")
-    mark_invalid(form)
-    return _page(request, notification_form=form, status=400)
+    return _submit(request, NotificationSettingsForm(request.POST, prefix="notify"), "notification_form",
+                   lambda data: notifications.notification_settings_update(user=request.user, **data),
+                   lambda _: "Notification settings saved.")
 
 
 @login_required
 @require_POST
 def ssh_key_add(request):
-    form = SshKeyForm(request.POST, prefix="ssh")
-    if form.is_valid():
-        try:
-            key = workloads.ssh_key_add(user=request.user, **form.cleaned_data)
-        except DomainError as exc:
-            add_domain_error(form, exc)
-        else:
-            messages.success(request, f"SSH key “{key.name}” added ({key.fingerprint}): containers started from now "
-                                      f"on let it log in.")
-            return redirect("/account/#ssh-keys")
-    mark_invalid(form)
-    return _page(request, ssh_form=form, status=400)
+    return _submit(request, SshKeyForm(request.POST, prefix="ssh"), "ssh_form",
+                   lambda data: workloads.ssh_key_add(user=request.user, **data),
+                   lambda key: f"SSH key “{key.name}” added ({key.fingerprint}): containers started from now on "
+                               f"let it log in.", to="/account/#ssh-keys")
 
 
 @login_required
