@@ -73,14 +73,8 @@ def stack(tmp_path_factory):
                           "MARKET_QUEUE_SECONDS": "1", "MARKET_LEASE_TICK_SECONDS": "1",
                           "MARKET_RESERVED_AHEAD_SECONDS": "3600"},
                      agent_interval=0.5)
-    try:
-        s.start()
+    with s.running():
         yield s
-    except Exception:
-        print(s.logs())
-        raise
-    finally:
-        s.stop()
 
 
 @pytest.fixture(scope="session")

@@ -44,15 +44,9 @@ def engine_stack(tmp_path_factory, engine_url, sshd_image):
                           "MARKET_WORKLOAD_STOP_GRACE_SECONDS": "2"},
                      agent_args=("--runtime", "docker", "--engine-url", engine_url, "--gpu-devices", "none",
                                  "--bind-address", "127.0.0.1"))
-    try:
-        s.start()
+    with s.running():
         s.shell(SEED % json.dumps({"ports": free_port_block(20), "boot": BOOT, "user": USERS[2]}))
         yield s
-    except Exception:
-        print(s.logs())
-        raise
-    finally:
-        s.stop()
 
 
 @pytest.fixture

@@ -140,18 +140,14 @@ def live(tmp_path_factory, engine_url, engine, busybox_image, sshd_image):
         agent_args=("--runtime", "docker", "--engine-url", engine_url, "--gpu-devices", "none",
                     "--bind-address", "127.0.0.1"))
     try:
-        stack.start()
-        out = stack._run("manage.py", "shell", "-c", BUYER % json.dumps(
-            {"ports": free_port_block(40), "key": keys["buyer"][1]}))
-        live = Live(stack, json.loads(out[out.index("BUYER") + 5:])["api_key"], engine, keys)
-        wait_until(lambda: all(n["status"] == "online" for n in stack.api("GET", "/api/v1/nodes/")[1]["results"]),
-                   timeout=60, what="both agents online")
-        yield live
-    except Exception:
-        print(stack.logs())
-        raise
+        with stack.running():
+            out = stack._run("manage.py", "shell", "-c", BUYER % json.dumps(
+                {"ports": free_port_block(40), "key": keys["buyer"][1]}))
+            live = Live(stack, json.loads(out[out.index("BUYER") + 5:])["api_key"], engine, keys)
+            wait_until(lambda: all(n["status"] == "online" for n in stack.api("GET", "/api/v1/nodes/")[1]["results"]),
+                       timeout=60, what="both agents online")
+            yield live
     finally:
-        stack.stop()
         for listed in listed_containers(engine, {"label": LABEL_LEASE}):
             if listed["labels"].get(LABEL_NODE) in HOSTS:
                 remove_quietly(engine, listed["id"])

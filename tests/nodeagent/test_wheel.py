@@ -198,8 +198,7 @@ def test_the_wheel_installs_alone_offline_and_its_agent_brings_a_simulated_node_
     stack = LiveStack(tmp_path / "stack", nodes=[("wheel-a100", "a100-80gb:1")], celery=False, start_agents=False,
                       agent_interval=0.5)
     (tmp_path / "stack").mkdir()
-    try:
-        stack.start()
+    with stack.running():
         node = stack.seed["nodes"][0]
         stack.start_agent(node, command=(agent, "--runtime", "simulated"), env={"PYTHONPATH": ""})
 
@@ -211,8 +210,3 @@ def test_the_wheel_installs_alone_offline_and_its_agent_brings_a_simulated_node_
         out = stack._run("manage.py", "shell", "-c", "from scheduler.models import Node; "
                          f"print('RUNTIME=' + Node.objects.get(pk={node['id']!r}).runtime)")
         assert "RUNTIME=simulated" in out
-    except Exception:
-        print(stack.logs())
-        raise
-    finally:
-        stack.stop()
