@@ -157,7 +157,7 @@ def sshd_image(engine) -> str:
 def free_port_block(size: int) -> tuple[int, int]:
     """A run of `size` ports free on loopback now, for the nodes' host port range."""
     for _ in range(200):
-        start = random.randrange(42000, 60000 - size)
+        start = random.randrange(20000, 32000 - size)
         if all(_free(p) for p in range(start, start + size)):
             return start, start + size - 1
     raise RuntimeError("no free block of ports on loopback")

@@ -1,4 +1,5 @@
-"""Accounts side of the market: API keys (stored hashed, shown once)."""
+"""Accounts side of the market: API keys (stored hashed, shown once, with scopes), notification settings and
+the provider profile (the explicit step that makes an account a provider)."""
 import uuid
 
 from django.conf import settings
@@ -11,6 +12,9 @@ class ApiKey(models.Model):
     name = models.CharField(max_length=80)
     prefix = models.CharField(max_length=16, db_index=True)
     key_hash = models.CharField(max_length=64, unique=True)
+    # What the key may do: `read` (GET anything the user may see), `trade` (buy, end, bid, list, top up),
+    # `provide` (register and manage nodes, payouts). Empty means none; see marketplace/products/apikeys.py.
+    scopes = models.JSONField(default=list)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -42,3 +46,20 @@ class NotificationSettings(models.Model):
 
     def wants(self, kind: str) -> bool:
         return kind in self.KINDS and bool(getattr(self, kind))
+
+
+class ProviderProfile(models.Model):
+    """An account that took the explicit step of becoming a provider: it accepted the provider terms and gave
+    where its payouts go. Only providers register nodes (operators keep their powers)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, related_name="provider_profile", on_delete=models.CASCADE)
+    display_name = models.CharField(max_length=80, help_text="shown to operators; never to buyers")
+    terms_version = models.CharField(max_length=20)
+    terms_accepted_at = models.DateTimeField()
+    # Where payouts go: a Stripe Connect account id (acct_...) once onboarded; empty until then.
+    payout_country = models.CharField(max_length=2, help_text="ISO 3166-1 alpha-2")
+    stripe_account_id = models.CharField(max_length=64, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"provider {self.display_name}"

@@ -51,8 +51,8 @@ class Node(models.Model):
     runtime = models.CharField(max_length=40, blank=True, help_text="as its agent reported: docker, simulated, none")
     public_address = models.CharField(max_length=255, blank=True,
                                       help_text="where buyers reach the node's published ports (default its hostname)")
-    port_range_start = models.PositiveIntegerField(default=40000, help_text="host ports given to containers")
-    port_range_end = models.PositiveIntegerField(default=40999)
+    port_range_start = models.PositiveIntegerField(default=20000, help_text="host ports given to containers (keep them outside the host's ephemeral range)")
+    port_range_end = models.PositiveIntegerField(default=20999)
     cpus_per_gpu = models.DecimalField(max_digits=6, decimal_places=2, default=8,
                                        help_text="CPUs a whole GPU's container gets; a slice gets its share")
     ram_gb_per_gpu = models.DecimalField(max_digits=8, decimal_places=2, default=64,

@@ -47,7 +47,7 @@ def test_ordering_a_template_runs_its_container_and_the_lease_page_shows_how_to_
     html = client.get(r["Location"]).content.decode()
     token = Workload.objects.get(order=lease.order).jupyter_token
     assert 'id="workload-state">running' in html
-    assert f'http://203.0.113.7:40000/?token={token}' in html and 'data-copy="#url-8888"' in html
+    assert f'http://203.0.113.7:20000/?token={token}' in html and 'data-copy="#url-8888"' in html
     assert "Jupyter Server is running" in html and f'href="/leases/{lease.pk}/logs/"' in html
     logs = client.get(f"/leases/{lease.pk}/logs/")
     assert logs["Content-Type"].startswith("text/plain") and b"Jupyter Server is running" in logs.content

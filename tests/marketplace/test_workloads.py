@@ -131,11 +131,11 @@ def test_the_container_gets_the_slice_only_with_its_share_of_cpu_and_ram_and_bil
     assert spec["limits"] == {"cpus": 2.0, "memory_mb": 16384, "disk_gb": 20}
     assert spec["ssh_keys"] == [KEY]
     ports = {b.container_port: b.host_port for b in PortBinding.objects.filter(run=run)}
-    assert ports == {22: 40000, 8888: 40001}
-    assert [(p["container_port"], p["host_port"]) for p in spec["ports"]] == [(22, 40000), (8888, 40001)]
+    assert ports == {22: 20000, 8888: 20001}
+    assert [(p["container_port"], p["host_port"]) for p in spec["ports"]] == [(22, 20000), (8888, 20001)]
     facts = leases.connection_facts(lease)
-    assert facts["ssh"] == "ssh -p 40000 root@203.0.113.7"
-    assert facts["urls"] == ["http://203.0.113.7:40001/"]
+    assert facts["ssh"] == "ssh -p 20000 root@203.0.113.7"
+    assert facts["urls"] == ["http://203.0.113.7:20001/"]
 
 
 def test_two_leases_on_a_node_never_share_a_host_port_and_ending_gives_the_ports_back(fleet):
@@ -146,7 +146,7 @@ def test_two_leases_on_a_node_never_share_a_host_port_and_ending_gives_the_ports
     b = place(buyer, WorkloadSpec(image="img:1", ports=["22/tcp", "80/tcp"]), memory_gb=10).leases.get()
     fleet.play()
     hosts = list(PortBinding.objects.filter(node=node).values_list("host_port", flat=True))
-    assert sorted(hosts) == [40000, 40001, 40002]
+    assert sorted(hosts) == [20000, 20001, 20002]
     for lease in (a, b):
         leases.lease_end(lease_id=lease.pk, buyer=buyer)
     fleet.play()
@@ -392,7 +392,7 @@ def test_the_api_places_an_order_with_a_workload_shows_its_state_connection_and_
     fleet.play()
     lease = api.get(f"/api/v1/leases/{lease_id}/").json()
     assert lease["workload"]["state"] == "running"
-    assert lease["connection"]["ssh"] == "ssh -p 40000 root@203.0.113.7"
+    assert lease["connection"]["ssh"] == "ssh -p 20000 root@203.0.113.7"
     fleet.output(Lease.objects.get(pk=lease_id), "epoch 1 done\n")
     logs = api.get(f"/api/v1/leases/{lease_id}/logs/")
     assert logs.status_code == 200 and logs["Content-Type"].startswith("text/plain")

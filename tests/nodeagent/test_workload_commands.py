@@ -16,7 +16,7 @@ LEASE = "0b0e6c1a-3a5e-4f57-9d5c-8e1f2a3b4c5d"
 
 def spec(**kw) -> dict:
     base = {"image": "docker.io/library/ubuntu:24.04", "command": [], "args": [], "env": {"MODE": "train"},
-            "secret_names": [], "ports": [{"container_port": 22, "host_port": 40000, "protocol": "tcp"}],
+            "secret_names": [], "ports": [{"container_port": 22, "host_port": 20000, "protocol": "tcp"}],
             "limits": {"cpus": 2.0, "memory_mb": 16384, "disk_gb": 20},
             "device": {"gpu_uuid": "GPU-1", "instance_uuid": "MIG-1"}, "ssh_keys": [], "notice": "sigterm",
             "kind": "interactive"}
@@ -87,7 +87,7 @@ async def test_an_agent_without_an_engine_refuses_a_workload_in_the_result():
 
 
 @pytest.mark.parametrize("bad", [
-    {"image": "ubuntu 24.04"}, {"env": {"A": 1}}, {"ports": [{"container_port": 0, "host_port": 40000}]},
+    {"image": "ubuntu 24.04"}, {"env": {"A": 1}}, {"ports": [{"container_port": 0, "host_port": 20000}]},
     {"limits": {"cpus": 0, "memory_mb": 16}}, {"notice": "email"}, {"kind": "batch"}, {"device": {}},
     {"secret_names": "HF_TOKEN"},
 ])
