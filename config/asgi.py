@@ -13,22 +13,26 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.urls import path  # noqa: E402
 
+from marketplace.api.auth import ApiKeyWebsocketAuth, bearer_secret  # noqa: E402
 from marketplace.consumers import ConsoleConsumer  # noqa: E402
 from scheduler.gateway.consumer import AgentConsumer  # noqa: E402
 from scheduler.gateway.lifespan import lifespan  # noqa: E402
 from scheduler.gateway.relay import RELAY  # noqa: E402
 
 # Agents are not browsers: they send no Origin and authenticate with their node token, so their route
-# skips the origin check; console sockets ride the browser session and must come from our own pages.
+# skips the origin check; console sockets ride the browser session and must come from our own pages, or carry
+# an API key in `Authorization: Bearer` (scripts; a browser cannot set that header).
 agent_routes = URLRouter([path("ws/agent/", AgentConsumer.as_asgi())])
-console_routes = AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter([
-    path("ws/console/", ConsoleConsumer.as_asgi()),
-])))
+console_urls = [path("ws/console/", ConsoleConsumer.as_asgi())]
+console_routes = AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(console_urls)))
+script_routes = ApiKeyWebsocketAuth(URLRouter(console_urls))
 
 
 async def websocket_router(scope, receive, send):
     if scope["path"].startswith("/ws/agent/"):
         return await agent_routes(scope, receive, send)
+    if bearer_secret(scope) is not None:
+        return await script_routes(scope, receive, send)
     return await console_routes(scope, receive, send)
 
 

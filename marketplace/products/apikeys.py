@@ -37,12 +37,13 @@ def api_key_revoke(*, user, key_id) -> ApiKey:
     return key
 
 
-def api_key_user(*, secret: str):
-    """The active user of a key, or None."""
+def api_key_resolve(*, secret: str) -> ApiKey | None:
+    """The active key (with its user) a secret names, or None; marks it used."""
     if not secret.startswith(KEY_PREFIX) or len(secret) > 200:
         return None
     key = ApiKey.objects.select_related("user").filter(key_hash=_hash(secret), revoked_at__isnull=True).first()
     if key is None or not key.user.is_active:
         return None
     ApiKey.objects.filter(pk=key.pk).update(last_used_at=timezone.now())
-    return key.user
+    return key
+

@@ -320,16 +320,16 @@ def test_a_bad_top_up_amount_is_refused_beside_the_field(client, buyer):
 def test_an_api_key_is_shown_once_listed_by_prefix_and_revoked(client, buyer):
     r = client.post("/account/keys/", {"name": "ci"})
     secret = re.search(r'id="new-api-key">([^<]+)<', r.content.decode()).group(1)
-    assert apikeys.api_key_user(secret=secret) == buyer
+    assert apikeys.api_key_resolve(secret=secret).user == buyer
     html = client.get("/account/").content.decode()
     assert secret not in html and secret[:16] in html
     key = ApiKey.objects.get(user=buyer)
     client.post(f"/account/keys/{key.pk}/revoke/")
-    assert apikeys.api_key_user(secret=secret) is None
+    assert apikeys.api_key_resolve(secret=secret) is None
     other = UserFactory()
     theirs, their_secret = apikeys.api_key_create(user=other, name="theirs")
     client.post(f"/account/keys/{theirs.pk}/revoke/")
-    assert apikeys.api_key_user(secret=their_secret) == other
+    assert apikeys.api_key_resolve(secret=their_secret).user == other
     assert "theirs" not in client.get("/account/").content.decode()
 
 
@@ -394,7 +394,7 @@ def test_operators_revoke_keys_and_withdraw_listings_from_the_admin(client, flee
     key, secret = apikeys.api_key_create(user=user, name="k")
     client.force_login(staff)
     r = client.post("/admin/marketplace/apikey/", {"action": "revoke", "_selected_action": [str(key.pk)]})
-    assert r.status_code == 302 and apikeys.api_key_user(secret=secret) is None
+    assert r.status_code == 302 and apikeys.api_key_resolve(secret=secret) is None
     fleet.node("a100-80gb:1", price="2.00")
     top_up(user, "100")
     res = reserve(user)
