@@ -7,8 +7,9 @@ from marketplace.api.market import (BidViewSet, LeaseViewSet, OrderViewSet, Rese
                                     ResaleListingViewSet, SpotPriceViewSet)
 
 from marketplace.api.workloads import SshKeyViewSet, TemplateViewSet
-from marketplace.api.money import (EarningsViewSet, LedgerEntryViewSet, PaymentViewSet, ProjectViewSet,
-                                   StatementViewSet, TopUpViewSet, UsageRecordViewSet, WalletViewSet)
+from marketplace.api.money import (LedgerEntryViewSet, PaymentViewSet, ProjectViewSet, StatementViewSet, TopUpViewSet,
+                                   UsageRecordViewSet, WalletViewSet)
+from marketplace.api.payouts import EarningsViewSet, PayoutViewSet
 from scheduler.api import GpuViewSet, NodeViewSet, SliceViewSet
 
 router = DefaultRouter()
@@ -23,6 +24,7 @@ router.register("projects", ProjectViewSet, basename="project")
 router.register("usage", UsageRecordViewSet, basename="usage")
 router.register("statements", StatementViewSet, basename="statement")
 router.register("earnings", EarningsViewSet, basename="earnings")
+router.register("payouts", PayoutViewSet, basename="payout")
 
 router.register("spot-prices", SpotPriceViewSet, basename="spot-price")
 router.register("orders", OrderViewSet, basename="order")

@@ -104,6 +104,14 @@ def env_int_list(name: str, default: list[int]) -> list[int]:
         raise ImproperlyConfiguredEnv(name, f"expected comma-separated integers, got {','.join(items)!r}") from None
 
 
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    """One of `choices` (as written, lower case)."""
+    value = (env_str(name, default) or default).lower()
+    if value not in choices:
+        raise ImproperlyConfiguredEnv(name, f"expected one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
 _RATE = re.compile(r"^\d+/(s|sec|second|m|min|minute|h|hour|d|day)$")
 
 

@@ -157,6 +157,80 @@ class UsageRecordAdmin(ReadOnlyAdmin):
     date_hierarchy = "minute"
 
 
+# --- Provider payouts: operators approve (the transfer follows) or reject requests; nothing is edited by hand. ---
+from django.template.response import TemplateResponse  # noqa: E402
+
+from marketplace.models import Payout  # noqa: E402
+
+
+@admin.register(Payout)
+class PayoutAdmin(ReadOnlyAdmin):
+    list_display = ["requested_at", "provider", "amount", "state", "decided_by", "decided_at", "transfer",
+                    "failure_reason", "last_error"]
+    list_filter = ["state", "simulated"]
+    search_fields = ["=id", "provider__username", "transfer_id"]
+    list_select_related = ["provider", "decided_by"]
+    date_hierarchy = "requested_at"
+    actions = ["approve", "reject", "send_again"]
+
+    @admin.display(description="transfer")
+    def transfer(self, obj: Payout) -> str:
+        if obj.simulated:
+            return "simulated transfer (demo: no Stripe Connect)"
+        return obj.transfer_id or "—"
+
+    def has_pay_permission(self, request) -> bool:
+        # Approving sends money out: superusers, or staff granted "change payout" explicitly.
+        return request.user.is_superuser or request.user.has_perm("marketplace.change_payout")
+
+    @admin.action(description="Approve and pay the selected requests", permissions=["pay"])
+    def approve(self, request, queryset):
+        from marketplace.products.payouts import payout_approve
+
+        for payout in queryset.order_by("requested_at"):
+            try:
+                done = payout_approve(payout_id=payout.pk, by=request.user)
+            except DomainError as exc:
+                self.message_user(request, f"{payout}: {exc.message}", messages.ERROR)
+                continue
+            if done.state == Payout.State.PAID:
+                self.message_user(request, f"{done}: paid by {self.transfer(done)}.", messages.SUCCESS)
+            elif done.state == Payout.State.FAILED:
+                self.message_user(request, f"{done}: {done.failure_reason}", messages.ERROR)
+            else:
+                self.message_user(request, f"{done}: approved, but the transfer did not go through "
+                                           f"({done.last_error}); it is sent again automatically.", messages.WARNING)
+
+    @admin.action(description="Reject the selected requests…", permissions=["pay"])
+    def reject(self, request, queryset):
+        """Asks for the reason (the provider reads it) on a page of its own, then rejects."""
+        from marketplace.products.payouts import payout_reject
+
+        if request.POST.get("confirm") != "yes":
+            return TemplateResponse(request, "admin/marketplace/payout/reject.html", {
+                **self.admin_site.each_context(request), "title": "Reject payout requests", "payouts": queryset,
+                "opts": self.model._meta, "action_checkbox_name": admin.helpers.ACTION_CHECKBOX_NAME})
+        note = (request.POST.get("note") or "").strip()
+        for payout in queryset:
+            try:
+                payout_reject(payout_id=payout.pk, by=request.user, note=note)
+            except DomainError as exc:
+                self.message_user(request, f"{payout}: {exc.message}", messages.ERROR)
+            else:
+                self.message_user(request, f"{payout}: rejected.", messages.SUCCESS)
+        return None
+
+    @admin.action(description="Send the transfer of the selected approved payouts again", permissions=["pay"])
+    def send_again(self, request, queryset):
+        from marketplace.products.payouts import payout_send
+
+        for payout in queryset.filter(state=Payout.State.APPROVED):
+            done = payout_send(payout_id=payout.pk)
+            level = {Payout.State.PAID: messages.SUCCESS, Payout.State.FAILED: messages.ERROR}.get(done.state,
+                                                                                                  messages.WARNING)
+            self.message_user(request, f"{done}: {done.failure_reason or done.last_error or 'paid'}", level)
+
+
 # --- The market: orders, leases, reservations, spot, resale, interruptions. --------------------------------
 from marketplace.models import (Interruption, Lease, Order, Reservation, ResaleListing, SpotBid,  # noqa: E402
                                 SpotPrice)

@@ -26,6 +26,11 @@ def cents(value) -> Decimal:
     return Decimal(value).quantize(CENT, rounding=ROUND_HALF_UP)
 
 
+def in_cents(value: Decimal) -> int:
+    """A whole-cent amount as the integer cents Stripe takes."""
+    return int((Decimal(value) * 100).to_integral_value())
+
+
 def money(value, *, field: str = "amount") -> Decimal:
     """`value` as an exact micro-dollar Decimal; refuses floats, NaN/inf and sub-micro precision (rounding
     there would silently create or destroy money: callers round with `micro`)."""

@@ -288,6 +288,11 @@ class TopUpForm(forms.Form):
                                 decimal_places=2, initial=Decimal("50.00"))
 
 
+class PayoutRequestForm(forms.Form):
+    amount = forms.DecimalField(label="Amount (USD)", min_value=Decimal("0.01"), decimal_places=2,
+                                help_text="whole cents, up to what is payable now")
+
+
 class LedgerFilterForm(forms.Form):
     kind = forms.ChoiceField(required=False, choices=[("", "all kinds"), ("topup", "top-ups"), ("usage", "usage"),
                                                       ("reservation", "reservations"), ("resale", "resale"),

@@ -5,7 +5,7 @@ from celery import shared_task
 from marketplace import events
 from marketplace.lifecycle import leases
 from marketplace.money import check
-from marketplace.products import orders, reservations, spot
+from marketplace.products import orders, payouts, reservations, spot
 
 
 @shared_task(name="market.meter")
@@ -41,3 +41,8 @@ def deliver_webhook(url: str, payload: dict) -> bool:
 @shared_task(name="money.ledger_check")
 def ledger_check() -> bool:
     return check.ledger_check_run().ok
+
+
+@shared_task(name="money.payouts_resend")
+def payouts_resend() -> int:
+    return payouts.payouts_resend()

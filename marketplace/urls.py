@@ -35,6 +35,12 @@ urlpatterns = [
     path("nodes/<uuid:node_id>/gpus/<int:gpu_id>/health/", views.gpu_health, name="gpu-health"),
     path("nodes/<uuid:node_id>/drain/", views.node_drain, name="node-drain"),
     path("nodes/<uuid:node_id>/settings/", views.node_settings, name="node-settings"),
+    path("earnings/", views.earnings, name="earnings"),
+    path("earnings/payouts/", views.payout_request, name="payout-request"),
+    path("earnings/payouts/<uuid:payout_id>/cancel/", views.payout_cancel, name="payout-cancel"),
+    path("earnings/payout-account/", views.payout_account_connect, name="payout-account"),
+    path("earnings/payout-account/refresh/", views.payout_account_refresh, name="payout-account-refresh"),
+    path("earnings/payout-account/return/", views.payout_account_return, name="payout-account-return"),
     # account
     path("account/", views.account, name="account"),
     path("account/notifications/", views.notifications_save, name="notifications"),

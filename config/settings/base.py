@@ -8,8 +8,8 @@ from __future__ import annotations
 from decimal import Decimal
 from pathlib import Path
 
-from config.env import (DbPool, database_from_url, env_bool, env_decimal, env_float, env_int, env_int_list,
-                        env_list, env_log_level, env_rate, env_str, proxy_ssl_header, redis_url)
+from config.env import (DbPool, database_from_url, env_bool, env_choice, env_decimal, env_float, env_int,
+                        env_int_list, env_list, env_log_level, env_rate, env_str, proxy_ssl_header, redis_url)
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
 VAR_DIR = Path(env_str("GPUMARKET_VAR_DIR", str(BASE_DIR / "var")))
@@ -237,6 +237,15 @@ STRIPE_PUBLISHABLE_KEY = env_str("STRIPE_PUBLISHABLE_KEY")
 STRIPE_WEBHOOK_SECRET = env_str("STRIPE_WEBHOOK_SECRET")
 STRIPE_API_BASE = env_str("STRIPE_API_BASE")  # a local fake Stripe server in the demo and tests
 
+# --- Provider payouts (docs/payments.md, Payouts) -----------------------------------------------------
+# Earnings become payable this many days after they were earned (a reserved window's once the window is over).
+PAYOUT_HOLD_DAYS = env_float("PAYOUT_HOLD_DAYS", 7.0, minimum=0, maximum=365)
+PAYOUT_MINIMUM = env_decimal("PAYOUT_MINIMUM", "10.00", minimum=Decimal("0.01"), maximum=1000000)
+# How approved payouts are paid: Stripe Connect transfers, or a simulated transfer (the demo: localstripe has no
+# Connect). The beat sends approved payouts again whose transfer did not get through (Stripe unreachable).
+PAYOUT_TRANSFERS = env_choice("PAYOUT_TRANSFERS", "stripe", ("stripe", "simulated"))
+PAYOUT_RESEND_SECONDS = env_float("PAYOUT_RESEND_SECONDS", 300.0, minimum=10)
+
 # --- The market (docs/market.md) ------------------------------------------------------------------
 MARKET = {
     # Spot interruption notice (DESIGN §5); a notice shorter than this is compensated automatically.
@@ -297,6 +306,7 @@ CELERY_BEAT_SCHEDULE = {
     "market-lease-tick": {"task": "market.lease_tick", "schedule": MARKET["LEASE_TICK_SECONDS"]},
     "market-reservations": {"task": "market.reservations_tick", "schedule": MARKET["LEASE_TICK_SECONDS"]},
     "money-ledger-check": {"task": "money.ledger_check", "schedule": MARKET["LEDGER_CHECK_SECONDS"]},
+    "money-payouts-resend": {"task": "money.payouts_resend", "schedule": PAYOUT_RESEND_SECONDS},
 }
 SPECTACULAR_SETTINGS.update({"SWAGGER_UI_DIST": "SIDECAR", "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
                              "REDOC_DIST": "SIDECAR"})

@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.core.exceptions import ObjectDoesNotExist
 from django.db import OperationalError
 from django.http import Http404
-from rest_framework import exceptions, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
@@ -20,6 +20,20 @@ def _flatten(detail) -> str:
 
 
 RETRY_AFTER_SECONDS = 2
+
+
+class ErrorBodySerializer(serializers.Serializer):
+    code = serializers.CharField(help_text="machine-readable, e.g. invalid, not_found, exceeds_payable")
+    message = serializers.CharField(help_text="what went wrong, in words a user can act on")
+    fields = serializers.DictField(child=serializers.ListField(child=serializers.CharField()), required=False,
+                                   help_text="the messages of each field at fault")
+    details = serializers.DictField(required=False, help_text="facts that go with the error")
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The one error shape of the API (for the OpenAPI schema)."""
+
+    error = ErrorBodySerializer()
 
 
 def exception_handler(exc, context):

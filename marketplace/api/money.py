@@ -1,5 +1,6 @@
-"""REST API of money: wallet, ledger entries, top-ups, payments and refunds, projects, usage, statements,
-earnings. Every queryset starts from request.user, so someone else's id is a 404 like a missing one."""
+"""REST API of money: wallet, ledger entries, top-ups, payments and refunds, projects, usage, statements (a
+provider's earnings and payouts are in payouts.py). Every queryset starts from request.user, so someone else's id
+is a 404 like a missing one; a ledger line names an order only when the order is the user's own."""
 from __future__ import annotations
 
 import csv
@@ -7,6 +8,7 @@ import io
 from datetime import datetime, time, timezone
 
 from django.conf import settings
+from django.db.models import Case, Exists, F, OuterRef, QuerySet, UUIDField, When
 from django.utils.dateparse import parse_date, parse_datetime
 from rest_framework import mixins, renderers, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -14,7 +16,7 @@ from rest_framework.response import Response
 
 from marketplace.api.json_only import JsonWrites
 from marketplace.amounts import CENT, MICRO
-from marketplace.models import Account, LedgerEntry, Payment, Project, UsageRecord
+from marketplace.models import Account, LedgerEntry, Order, Payment, Project, UsageRecord
 from marketplace.money import statements
 from marketplace.products import payments, projects
 from scheduler.errors import DomainError
@@ -39,18 +41,28 @@ class CSVRenderer(renderers.BaseRenderer):
 
 
 class TransactionSerializer(serializers.Serializer):
-    id = serializers.UUIDField()
-    kind = serializers.CharField()
-    memo = serializers.CharField()
-    lease_id = serializers.UUIDField(allow_null=True)
-    order_id = serializers.UUIDField(allow_null=True)
+    id = serializers.UUIDField(source="transaction.id")
+    kind = serializers.CharField(source="transaction.kind")
+    memo = serializers.CharField(source="transaction.memo")
+    lease_id = serializers.UUIDField(source="transaction.lease_id", allow_null=True)
+    order_id = serializers.UUIDField(source="own_order_id", allow_null=True,
+                                     help_text="your order; null on a line of someone else's (a provider's "
+                                               "earnings, a resale seller's proceeds)")
+
+
+def with_own_order(qs: QuerySet, user) -> QuerySet:
+    """Ledger entries with `own_order_id`: their transaction's order when it is `user`'s own, else None. A provider's
+    earnings line and a resale seller's proceeds sit in the buyer's transaction: its order is the buyer's."""
+    own = Exists(Order.objects.filter(pk=OuterRef("transaction__order_id"), buyer=user))
+    return qs.annotate(own_order_id=Case(When(own, then=F("transaction__order_id")), default=None,
+                                         output_field=UUIDField()))
 
 
 class LedgerEntrySerializer(serializers.ModelSerializer):
     account = serializers.CharField(source="account.kind")
     project = serializers.IntegerField(source="project_id", allow_null=True,
                                        help_text="the project this line is booked under (yours)")
-    transaction = TransactionSerializer()
+    transaction = TransactionSerializer(source="*")
 
     class Meta:
         model = LedgerEntry
@@ -117,8 +129,9 @@ class WalletViewSet(viewsets.ViewSet):
 
     def list(self, request):
         accounts = dict(Account.objects.filter(user=request.user).values_list("kind", "balance"))
-        recent = (LedgerEntry.objects.filter(account__user=request.user, account__kind=Account.Kind.WALLET)
-                  .select_related("transaction", "account").order_by("-created_at", "-pk")[:20])
+        wallet_entries = LedgerEntry.objects.filter(account__user=request.user, account__kind=Account.Kind.WALLET)
+        recent = with_own_order(wallet_entries.select_related("transaction", "account"),
+                                request.user).order_by("-created_at", "-pk")[:20]
         wallet = accounts.get(Account.Kind.WALLET, ZERO_MICRO)
         return Response({"currency": "usd", "balance": str(wallet), "balance_usd": statements.cents(wallet),
                          "earnings_balance": str(accounts.get(Account.Kind.EARNINGS, ZERO_MICRO)),
@@ -131,8 +144,8 @@ class LedgerEntryViewSet(viewsets.ReadOnlyModelViewSet):
     serializer_class = LedgerEntrySerializer
 
     def get_queryset(self):
-        qs = (LedgerEntry.objects.filter(account__user=self.request.user)
-              .select_related("transaction", "account").order_by("-created_at", "-pk"))
+        mine = LedgerEntry.objects.filter(account__user=self.request.user).select_related("transaction", "account")
+        qs = with_own_order(mine, self.request.user).order_by("-created_at", "-pk")
         params = self.request.query_params
         if params.get("account"):
             if params["account"] not in Account.USER_KINDS:
@@ -252,10 +265,3 @@ class StatementViewSet(viewsets.ViewSet):
             return Response(statements.statement_csv_rows(body), headers={
                 "Content-Disposition": f'attachment; filename="statement-{body["month"]}.csv"'})
         return Response(body)
-
-
-class EarningsViewSet(viewsets.ViewSet):
-    """GET ?month=YYYY-MM: a provider's usage earnings per node and GPU model, fees, and ledger by kind."""
-
-    def list(self, request):
-        return Response(statements.earnings(user=request.user, month=request.query_params.get("month")))

@@ -12,3 +12,6 @@ __all__ += ["Interruption", "Lease", "Mode", "Order", "Reservation", "ResaleList
 from .workloads import PortBinding, SshKey, Template, Workload, WorkloadRun  # noqa: E402
 
 __all__ += ["PortBinding", "SshKey", "Template", "Workload", "WorkloadRun"]
+from .payouts import Payout  # noqa: E402
+
+__all__ += ["Payout"]

@@ -44,6 +44,7 @@ class Account(models.Model):
         PLATFORM_FEES = "platform_fees", "platform fees"
         STRIPE_CLEARING = "stripe_clearing", "Stripe clearing"
         PROMOTIONS = "promotions", "promotions and credits"
+        PAYOUTS_CLEARING = "payouts_clearing", "payouts in flight"
 
     USER_KINDS = (Kind.WALLET, Kind.EARNINGS)
 

@@ -3,7 +3,8 @@
 Sign convention: an entry's amount is what it adds to its account's balance. Entries of one transaction
 sum to exactly zero. Buyer money: wallet (user). Provider money: earnings (user). Platform accounts
 (user=None): platform_fees, stripe_clearing (money in from / out to Stripe; goes negative as buyers top
-up), promotions (platform-funded credits; goes negative as credits are granted). User accounts never go
+up), promotions (platform-funded credits; goes negative as credits are granted), payouts_clearing (approved
+payouts on their way to a provider's bank). User accounts never go
 below zero unless a posting names them in `allow_negative`.
 
 Amounts are Decimal micro-dollars (amounts.money refuses floats and sub-micro precision). Each line may name
@@ -33,7 +34,7 @@ from scheduler.errors import Conflict, DomainError
 
 # Plain strings: a key is hashed for every line of a batch (an enum member hashes in Python, a str in C).
 PLATFORM_KINDS = frozenset(str(k) for k in (Account.Kind.PLATFORM_FEES, Account.Kind.STRIPE_CLEARING,
-                                            Account.Kind.PROMOTIONS))
+                                            Account.Kind.PROMOTIONS, Account.Kind.PAYOUTS_CLEARING))
 KINDS = frozenset(str(k) for k in Account.Kind.values)
 _ALIASES = {"credits": str(Account.Kind.PROMOTIONS), "fees": str(Account.Kind.PLATFORM_FEES)}
 

@@ -9,7 +9,9 @@
 | `topup`             | stripe_clearing −a; wallet +a                                 | topup       |
 | `topup_refund`      | wallet −a; stripe_clearing +a                                 | refund      |
 | `resale_sale`       | buyer wallet −a; seller wallet +(a − fee); fees +fee          | resale      |
-| `payout`            | provider earnings −a; stripe_clearing +a                      | payout      |
+| `payout`            | provider earnings −a; payouts_clearing +a (an approved payout) | payout     |
+| `payout_sent`       | payouts_clearing −a; stripe_clearing +a (its transfer left)   | payout_sent |
+| `payout_return`     | payouts_clearing (failed) or stripe_clearing (reversed) −a; earnings +a | payout_return |
 
 The platform fee is computed once, here (`fee_of`), and read back from the posting wherever it is shown.
 """
@@ -31,11 +33,15 @@ from . import ledger
 from .ledger import InsufficientFunds, Posting, key_of
 
 __all__ = ["InsufficientFunds", "fee_of", "charge_usage", "charge", "refund", "refundable", "credit", "topup",
-           "topup_refund", "resale_sale", "payout", "UsageCharge", "UsagePosted"]
+           "topup_refund", "resale_sale", "payout", "payout_sent", "payout_return", "PAYOUT_KINDS", "UsageCharge",
+           "UsagePosted"]
 
 FEES = (None, "platform_fees")
 CLEARING = (None, "stripe_clearing")
 PROMOTIONS = (None, "promotions")
+PAYOUTS = (None, "payouts_clearing")
+# Transactions that pay earnings out (or bring them back): never earnings themselves.
+PAYOUT_KINDS = ("payout", "payout_sent", "payout_return")
 
 
 def fee_of(amount: Decimal, *, rate: Decimal | None = None) -> Decimal:
@@ -227,8 +233,25 @@ def resale_sale(*, buyer, seller, amount: Decimal, idempotency_key: str, memo: s
     return txn, fee
 
 
-def payout(*, provider, amount: Decimal, idempotency_key: str, memo: str = "") -> LedgerTransaction:
-    """Earnings paid out to the provider's bank (through Stripe): they leave the platform."""
+def payout(*, provider, amount: Decimal, payout_id, memo: str) -> LedgerTransaction:
+    """An approved payout leaves the provider's earnings for the payouts in flight; refused (nothing written)
+    when the earnings hold less."""
     amount = _positive(amount)
-    return ledger.post(kind="payout", memo=memo or f"payout {amount} USD", idempotency_key=idempotency_key,
-                       lines=[(key_of(user=provider, kind="earnings"), -amount), (CLEARING, amount)])
+    return ledger.post(kind="payout", memo=memo, idempotency_key=f"payout:{payout_id}",
+                       lines=[(key_of(user=provider, kind="earnings"), -amount), (PAYOUTS, amount)])
+
+
+def payout_sent(*, amount: Decimal, payout_id, memo: str) -> LedgerTransaction:
+    """The payout's transfer left the platform's Stripe balance: it is no longer in flight."""
+    amount = _positive(amount)
+    return ledger.post(kind="payout_sent", memo=memo, idempotency_key=f"payout:{payout_id}:sent",
+                       lines=[(PAYOUTS, -amount), (CLEARING, amount)])
+
+
+def payout_return(*, provider, amount: Decimal, sent: bool, idempotency_key: str, memo: str) -> LedgerTransaction:
+    """Payout money back in the provider's earnings: from the payouts in flight when its transfer failed, from
+    Stripe when a sent transfer was reversed."""
+    amount = _positive(amount)
+    return ledger.post(kind="payout_return", memo=memo, idempotency_key=idempotency_key,
+                       lines=[(CLEARING if sent else PAYOUTS, -amount),
+                              (key_of(user=provider, kind="earnings"), amount)])

@@ -1,4 +1,4 @@
-"""Read side of money: monthly buyer statements and provider earnings (selectors: they never write).
+"""Read side of money: monthly buyer statements (selectors: they never write); provider earnings are in earnings.py.
 
 Sums are exact: PostgreSQL adds NUMERIC in the database; on SQLite (whose SUM over NUMERIC goes through
 floats) the rows are added in Python as Decimals. Every amount is shown exact (micro-dollars) and rounded
@@ -18,7 +18,6 @@ from marketplace import amounts
 from marketplace.amounts import ZERO
 from marketplace.models import Account, LedgerEntry, Project, UsageRecord
 from scheduler.errors import DomainError, NotFound
-from scheduler.models import Node
 
 
 
@@ -39,7 +38,7 @@ def month_bounds(month: str | None) -> tuple[str, datetime, datetime]:
     return month, start, end
 
 
-def _grouped(qs: QuerySet, keys: list[str], fields: list[str]) -> dict[tuple, dict[str, Decimal]]:
+def grouped(qs: QuerySet, keys: list[str], fields: list[str]) -> dict[tuple, dict[str, Decimal]]:
     """Sum `fields` of `qs` per `keys`, exactly."""
     out: dict[tuple, dict[str, Decimal]] = {}
     if connection.vendor == "postgresql":
@@ -71,8 +70,8 @@ def statement(*, user, month: str | None, project_id=None) -> dict:
         project = user_project(user=user, project_id=project_id)
         usage = usage.filter(project=project)
         month_wallet = month_wallet.filter(project=project)
-    slices = _grouped(usage, ["project", "gpu_model", "profile"], ["seconds", "amount"])
-    moves = _grouped(month_wallet, ["project", "transaction__kind"], ["amount"])
+    slices = grouped(usage, ["project", "gpu_model", "profile"], ["seconds", "amount"])
+    moves = grouped(month_wallet, ["project", "transaction__kind"], ["amount"])
     names = dict(Project.objects.filter(user=user).values_list("pk", "name"))
     projects: dict = defaultdict(lambda: {"slices": [], "usage": ZERO, "seconds": ZERO, "other": {}})
     for (pid, model, profile), s in sorted(slices.items(), key=lambda kv: (kv[0][0] or 0, kv[0][1], kv[0][2])):
@@ -107,7 +106,7 @@ def statement(*, user, month: str | None, project_id=None) -> dict:
                        "usage_amount_usd": cents(grand_usage), "other_charges_amount": str(grand_other),
                        "amount": str(grand_usage + grand_other), "amount_usd": cents(grand_usage + grand_other)}}
     if project_id in (None, ""):
-        opening = _sum(wallet.filter(created_at__lt=start))
+        opening = exact_sum(wallet.filter(created_at__lt=start))
         closing = opening + sum(totals.values(), ZERO)
         body["wallet"] = {"opening_balance": str(opening), "closing_balance": str(closing),
                           "opening_balance_usd": cents(opening), "closing_balance_usd": cents(closing),
@@ -115,10 +114,11 @@ def statement(*, user, month: str | None, project_id=None) -> dict:
     return body
 
 
-def _sum(qs: QuerySet) -> Decimal:
+def exact_sum(qs: QuerySet, field: str = "amount") -> Decimal:
+    """The sum of `field` over `qs`, exactly."""
     if connection.vendor == "postgresql":
-        return qs.aggregate(s=Sum("amount"))["s"] or ZERO
-    return sum((Decimal(v) for v in qs.values_list("amount", flat=True).iterator(chunk_size=5000)), ZERO)
+        return Decimal(qs.aggregate(s=Sum(field))["s"] or 0)
+    return sum((Decimal(v) for v in qs.values_list(field, flat=True).iterator(chunk_size=5000)), ZERO)
 
 
 def statement_csv_rows(body: dict) -> list[list[str]]:
@@ -134,28 +134,3 @@ def statement_csv_rows(body: dict) -> list[list[str]]:
         rows.append([body["month"], name, "project total", "", "", str(p["gpu_seconds"]), p["total_usd"]])
     rows.append([body["month"], "", "total", "", "", str(body["totals"]["gpu_seconds"]), body["totals"]["amount_usd"]])
     return rows
-
-
-def earnings(*, user, month: str | None) -> dict:
-    """A provider's month: per node and GPU model, GPU-seconds, gross, platform fee and net; ledger by kind."""
-    label, start, end = month_bounds(month)
-    usage = UsageRecord.objects.filter(provider=user, minute__gte=start, minute__lt=end)
-    groups = _grouped(usage, ["node_id", "gpu_model"], ["seconds", "amount", "fee"])
-    node_names = dict(Node.objects.filter(pk__in={k[0] for k in groups if k[0]}).values_list("pk", "name"))
-    rows, gross, fee, seconds = [], ZERO, ZERO, ZERO
-    for (node_id, model), s in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
-        rows.append({"node": {"id": str(node_id), "name": node_names.get(node_id)} if node_id else None,
-                     "gpu_model": model, "gpu_seconds": int(s["seconds"]), "gross": str(s["amount"]),
-                     "fee": str(s["fee"]), "net": str(s["amount"] - s["fee"]), "net_usd": cents(s["amount"] - s["fee"])})
-        gross, fee, seconds = gross + s["amount"], fee + s["fee"], seconds + s["seconds"]
-    entries = LedgerEntry.objects.filter(account__user=user, account__kind=Account.Kind.EARNINGS)
-    by_kind = _grouped(entries.filter(created_at__gte=start, created_at__lt=end),
-                       ["transaction__kind"], ["amount"])
-    month_net = sum((v["amount"] for v in by_kind.values()), ZERO)
-    balance = Account.objects.filter(user=user, kind=Account.Kind.EARNINGS).values_list("balance", flat=True).first()
-    return {"month": label, "currency": "usd", "usage": rows,
-            "usage_totals": {"gpu_seconds": int(seconds), "gross": str(gross), "fee": str(fee),
-                             "net": str(gross - fee), "net_usd": cents(gross - fee)},
-            "ledger": {k[0]: str(v["amount"]) for k, v in sorted(by_kind.items())},
-            "month_net": str(month_net), "month_net_usd": cents(month_net),
-            "balance": str(balance if balance is not None else ZERO)}

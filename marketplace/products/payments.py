@@ -1,4 +1,5 @@
-"""Wallet top-ups and refunds through Stripe PaymentIntents, and the Stripe webhook.
+"""Wallet top-ups and refunds through Stripe PaymentIntents, and the Stripe webhook (top-ups, refunds, and the
+events of provider payouts: a transfer reversed, a connected account's bank payout that failed).
 
 The wallet is credited only for a PaymentIntent that Stripe says succeeded: from the signature-verified
 `payment_intent.succeeded` webhook, or synchronously when a server-side confirm returns `succeeded`. Both
@@ -17,8 +18,9 @@ from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
 
 from marketplace.models import Payment, StripeEvent
-from marketplace.amounts import CENT, money
-from marketplace.money import ledger, movements
+from marketplace.amounts import CENT, in_cents, money
+from marketplace.conf import PaymentsUnavailable, stripe_configure
+from marketplace.money import ledger, movements, payouts as payout_books
 from scheduler.errors import Conflict, DomainError, NotFound
 
 log = logging.getLogger(__name__)
@@ -27,29 +29,10 @@ TOPUP_MIN = Decimal("1.00")
 TOPUP_MAX = Decimal("10000.00")
 
 
-class PaymentsUnavailable(DomainError):
-    status = 503
-
-    def __init__(self, message: str = "Payments are not configured (STRIPE_SECRET_KEY is not set).", **kw):
-        super().__init__(message, code=kw.pop("code", "payments_unavailable"), **kw)
-
-
-def _configure() -> None:
-    # Read on every call (not at import) so tests and the demo can point at a local localstripe.
-    if not settings.STRIPE_SECRET_KEY:
-        raise PaymentsUnavailable()
-    stripe.api_key = settings.STRIPE_SECRET_KEY
-    stripe.api_base = settings.STRIPE_API_BASE or "https://api.stripe.com"
-
-
 def stripe_js_url() -> str:
     """Where the page loads Stripe.js from: the fake server's copy when one is configured."""
     base = settings.STRIPE_API_BASE
     return f"{base.rstrip('/')}/js.stripe.com/v3/" if base else "https://js.stripe.com/v3/"
-
-
-def _cents(amount: Decimal) -> int:
-    return int((amount * 100).to_integral_value())
 
 
 def _provider_error(exc: stripe.StripeError) -> DomainError:
@@ -81,11 +64,11 @@ def topup_create(*, user, amount: Decimal, card: str | None = None, client_key: 
             if existing.amount != amount:
                 raise Conflict("this Idempotency-Key was used for a different amount", code="idempotency_conflict")
             return existing
-    _configure()
+    stripe_configure()
     payment_id = uuid.uuid4()
     try:
         intent = stripe.PaymentIntent.create(
-            amount=_cents(amount), currency="usd",
+            amount=in_cents(amount), currency="usd",
             metadata={"user_id": str(user.pk), "payment_id": str(payment_id)},
             # Stripe replays the same PaymentIntent for a retried create with this key.
             idempotency_key=f"topup:{user.pk}:{client_key}" if client_key else f"topup:{payment_id}")
@@ -179,32 +162,42 @@ def webhook_receive(*, payload: bytes, signature: str | None) -> StripeEvent:
             # Redelivery (or a concurrent duplicate that committed first): it has been applied already.
             return StripeEvent.objects.get(event_id=event.id)
         obj = payload_dict.get("data", {}).get("object", {})  # plain dicts: StripeObject is no mapping
-        if event.type == "payment_intent.succeeded":
-            try:
-                apply_succeeded_intent(intent_id=obj["id"], amount_cents=int(obj["amount"]),
-                                       currency=obj["currency"], metadata=obj.get("metadata") or {})
-            except (DomainError, KeyError, TypeError, ValueError) as exc:
-                # Not ours or inconsistent: keep the event unprocessed for an operator instead of making
-                # Stripe retry for days; nothing was credited (the savepoint rolled back).
-                log.error("stripe event %s not applied: %s", event.id, getattr(exc, "message", repr(exc)))
-                return stored
-        elif event.type == "charge.refunded":
-            try:
-                apply_charge_refunded(intent_id=obj["payment_intent"], refunded_cents=int(obj["amount_refunded"]),
-                                      currency=obj["currency"], event_id=event.id)
-            except (DomainError, KeyError, TypeError, ValueError) as exc:
-                log.error("stripe event %s not applied: %s", event.id, getattr(exc, "message", repr(exc)))
-                return stored
-        elif event.type == "payment_intent.payment_failed":
-            error = obj.get("last_payment_error") or {}
-            Payment.objects.filter(stripe_payment_intent_id=obj.get("id")).exclude(
-                status__in=[Payment.Status.SUCCEEDED, Payment.Status.REFUNDED]).update(
-                status=Payment.Status.FAILED, failure_message=(error.get("message") or "")[:400],
-                decline_code=(error.get("decline_code") or error.get("code") or "")[:80])
-        # Other event types are stored for the record and otherwise ignored.
+        try:
+            _apply_event(event.type, obj, event_id=event.id, account=payload_dict.get("account"))
+        except (DomainError, KeyError, TypeError, ValueError) as exc:
+            # Not ours or inconsistent: keep the event unprocessed for an operator instead of making Stripe
+            # retry for days; nothing was applied (the service's savepoint rolled back).
+            log.error("stripe event %s not applied: %s", event.id, getattr(exc, "message", repr(exc)))
+            return stored
         StripeEvent.objects.filter(pk=stored.pk).update(processed=True)
         stored.processed = True
     return stored
+
+
+def _apply_event(event_type: str, obj: dict, *, event_id: str, account: str | None) -> None:
+    """Apply one verified event, inside the transaction that stores it; other types are kept for the record."""
+    if event_type == "payment_intent.succeeded":
+        apply_succeeded_intent(intent_id=obj["id"], amount_cents=int(obj["amount"]), currency=obj["currency"],
+                               metadata=obj.get("metadata") or {})
+    elif event_type == "charge.refunded":
+        apply_charge_refunded(intent_id=obj["payment_intent"], refunded_cents=int(obj["amount_refunded"]),
+                              currency=obj["currency"], event_id=event_id)
+    elif event_type == "payment_intent.payment_failed":
+        error = obj.get("last_payment_error") or {}
+        Payment.objects.filter(stripe_payment_intent_id=obj.get("id")).exclude(
+            status__in=[Payment.Status.SUCCEEDED, Payment.Status.REFUNDED]).update(
+            status=Payment.Status.FAILED, failure_message=(error.get("message") or "")[:400],
+            decline_code=(error.get("decline_code") or error.get("code") or "")[:80])
+    elif event_type == "transfer.reversed":
+        # A provider payout's transfer taken back (Stripe's dashboard or API): the money returns to its earnings.
+        if obj.get("currency", "usd") != "usd":
+            raise DomainError(f"unexpected currency {obj.get('currency')!r} for transfer {obj.get('id')}")
+        payout_books.transfer_reversed(transfer_id=obj["id"], reversed_cents=int(obj["amount_reversed"]))
+    elif event_type == "payout.failed" and account:
+        # A provider's Connect account could not pay its bank: that money waits in the account's Stripe balance
+        # (not ours). The event is kept; the provider's Earnings page says so (products.payouts).
+        log.warning("stripe could not pay out connected account %s to its bank: %s", account,
+                    obj.get("failure_message") or obj.get("failure_code"))
 
 
 def apply_charge_refunded(*, intent_id: str, refunded_cents: int, currency: str, event_id: str = "") -> Payment:
@@ -267,7 +260,7 @@ def payment_refund(*, payment_id, user=None, amount: Decimal | None = None, unsp
         if amount != amount.quantize(CENT) or not (Decimal("0") < amount <= remaining):
             raise DomainError(f"a refund is a whole number of cents between 0.01 and {remaining} USD", field="amount")
         amount = amount.quantize(CENT)
-        _configure()
+        stripe_configure()
         key = f"stripe:refund:{payment.stripe_payment_intent_id}:{payment.refunded_amount}"
         # Ledger first (it locks the wallet and refuses spent money), then Stripe: if Stripe refuses, the
         # exception rolls the ledger back. Holding the wallet lock over one HTTP call is the price of never
@@ -275,7 +268,7 @@ def payment_refund(*, payment_id, user=None, amount: Decimal | None = None, unsp
         movements.topup_refund(user=payment.user, amount=amount, idempotency_key=key,
                                memo=f"refund {amount} USD of Stripe {payment.stripe_payment_intent_id}")
         try:
-            stripe.Refund.create(payment_intent=payment.stripe_payment_intent_id, amount=_cents(amount),
+            stripe.Refund.create(payment_intent=payment.stripe_payment_intent_id, amount=in_cents(amount),
                                  idempotency_key=key)
         except stripe.StripeError as exc:
             raise _provider_error(exc) from exc

@@ -3,6 +3,8 @@ from .account import (account, api_key_create, api_key_revoke, notifications_sav
                       project_delete, ssh_key_add, ssh_key_delete)
 from .billing import balance_fragment, billing, statement_csv, topup  # noqa: F401
 from .catalog import catalog, unit_detail  # noqa: F401
+from .earnings import (earnings, payout_account_connect, payout_account_refresh, payout_account_return,  # noqa: F401
+                       payout_cancel, payout_request)
 from .fleet import (gpu_health, home, node_detail, node_drain, node_gpus_fragment, node_register,  # noqa: F401
                     node_settings, nodes)
 from .leases import jobs, lease_detail, lease_end, lease_facts, lease_logs, leases, order_cancel  # noqa: F401

@@ -21,22 +21,14 @@ from marketplace.products import payments
 from scheduler.errors import DomainError
 
 from ..forms import LedgerFilterForm, TopUpForm
-from .common import mark_invalid
+from .common import mark_invalid, month_param
 
 PAGE = 50
 
 
-def _month(request) -> str:
-    month = request.GET.get("month") or ""
-    try:
-        return statements.month_bounds(month or None)[0]
-    except DomainError:
-        return statements.month_bounds(None)[0]
-
-
 def _ledger(request, form: LedgerFilterForm):
     qs = (LedgerEntry.objects.filter(account__user=request.user, account__kind=Account.Kind.WALLET)
-          .select_related("transaction__project").order_by("-created_at", "-pk"))
+          .select_related("transaction", "project").order_by("-created_at", "-pk"))
     if form.is_valid():
         d = form.cleaned_data
         if d.get("kind"):
@@ -70,7 +62,7 @@ def _spending(body: dict) -> dict:
 @login_required
 def billing(request):
     form = LedgerFilterForm(request.GET or None, user=request.user)
-    month = _month(request)
+    month = month_param(request)
     project_id = request.GET.get("statement_project") or None
     try:
         body = statements.statement(user=request.user, month=month, project_id=project_id)
@@ -115,7 +107,7 @@ def topup(request):
 
 @login_required
 def statement_csv(request):
-    month = _month(request)
+    month = month_param(request)
     try:
         body = statements.statement(user=request.user, month=month,
                                     project_id=request.GET.get("statement_project") or None)

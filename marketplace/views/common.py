@@ -1,8 +1,10 @@
-"""Helpers shared by the console views: forms that show errors beside their fields, domain errors on forms."""
+"""Helpers shared by the console views: forms that show errors beside their fields, domain errors on forms, the
+month a page shows."""
 from __future__ import annotations
 
 from django import forms
 
+from marketplace.money.statements import month_bounds
 from scheduler.errors import DomainError
 
 
@@ -23,3 +25,11 @@ def add_domain_error(form: forms.BaseForm, exc: DomainError, *, fields: dict | N
 
 def is_htmx(request) -> bool:
     return request.headers.get("HX-Request") == "true"
+
+
+def month_param(request) -> str:
+    """The page's ?month=YYYY-MM, or this month when it is missing or malformed."""
+    try:
+        return month_bounds(request.GET.get("month") or None)[0]
+    except DomainError:
+        return month_bounds(None)[0]

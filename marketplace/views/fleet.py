@@ -15,36 +15,17 @@ from scheduler.services import health as health_services, nodes as node_services
 
 from ..forms import NodeRegisterForm, NodeSettingsForm
 from .common import add_domain_error, is_htmx, mark_invalid
+from .earnings import earnings_summary
 
 
 def home(request):
     return redirect("console:catalog")
 
 
-def _earnings_over_time(user, months: int = 6) -> dict:
-    """Net earnings per month for the last `months` months (oldest first) and this month's detail."""
-    from datetime import date
-    from decimal import Decimal
-
-    from marketplace.money import statements
-
-    today = date.today()
-    labels = []
-    y, m = today.year, today.month
-    for _ in range(months):
-        labels.append(f"{y:04d}-{m:02d}")
-        y, m = (y - 1, 12) if m == 1 else (y, m - 1)
-    bodies = [statements.earnings(user=user, month=label) for label in reversed(labels)]
-    nets = [Decimal(b["month_net"]) for b in bodies]
-    top = max(nets + [Decimal("0")]) or Decimal("1")
-    return {"months": [{"month": b["month"], "net": n, "pct": int(max(n, 0) / top * 100)} for b, n in zip(bodies, nets)],
-            "current": bodies[-1]}
-
-
 @login_required
 def nodes(request):
     return render(request, "console/nodes.html", {"nodes": fleet_selectors.node_list(user=request.user),
-                                                  "earnings": _earnings_over_time(request.user), "nav": "nodes"})
+                                                  "earnings": earnings_summary(request.user), "nav": "nodes"})
 
 
 def _node_or_404(request, node_id) -> Node:

@@ -10,7 +10,7 @@ from tests.factories import UserFactory
 pytestmark = pytest.mark.django_db
 
 PAGES = ["/nodes/", "/nodes/register/", "/catalog/", "/leases/", "/reservations/", "/resale/", "/billing/",
-         "/account/"]
+         "/account/", "/earnings/"]
 
 
 @pytest.mark.parametrize("path", PAGES)

@@ -17,6 +17,7 @@ class FakeProc:
 
     def __init__(self, argv, **kw):
         self.argv, self.pid, self.returncode = argv, next(self.pids), None
+        self.env = kw.get("env") or {}
 
     def poll(self):
         return self.returncode
@@ -90,3 +91,16 @@ def test_the_demo_starts_each_agent_with_its_runtime_and_says_which(fake_childre
     out = capsys.readouterr().out
     assert out.count(f": {runtime} (") == 3, out
     assert sorted(killed) == sorted(p.pid for p in started)
+
+
+def test_the_demo_pays_payouts_by_a_simulated_transfer_unless_told_otherwise(fake_children, monkeypatch):
+    """localstripe has no Connect: the demo's processes get simulated transfers, no hold and a 1.00 minimum; a
+    value the environment gives is kept."""
+    started, _ = fake_children
+    monkeypatch.setenv("PAYOUT_HOLD_DAYS", "3")
+    monkeypatch.setattr(demo, "_wait_for_port", lambda *a: False)
+    with pytest.raises(Exception):
+        call_command("demo")
+    web = next(p for p in started if "uvicorn" in p.argv)
+    assert (web.env["PAYOUT_TRANSFERS"], web.env["PAYOUT_MINIMUM"], web.env["PAYOUT_HOLD_DAYS"]) == (
+        "simulated", "1.00", "3")

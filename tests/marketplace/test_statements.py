@@ -129,15 +129,16 @@ def test_a_statement_for_one_project_and_as_csv(november):
 def test_provider_earnings_per_node_and_model_with_fees(november):
     _, provider, _, _, node = november
     body = client_for(provider).get("/api/v1/earnings/", {"month": "2026-11"}).json()
-    # fees: 0.006 + 0.006 + 0.003 (3g.40gb) + 0.001714 (1g.10gb) + 0.003 (l4) = 0.019714
-    assert body["usage_totals"] == {"gpu_seconds": 270, "gross": "0.197143", "fee": "0.019714",
-                                    "net": "0.177429", "net_usd": "0.18"}
-    rows = {(r["node"]["name"] if r["node"] else None, r["gpu_model"]): r for r in body["usage"]}
+    # usage fees: 0.006 + 0.006 + 0.003 (3g.40gb) + 0.001714 (1g.10gb) + 0.003 (l4) = 0.019714; the booking of 10.00
+    # (a charge of no order: no node to show it under) 1.00
+    assert body["totals"] == {"gpu_seconds": 270, "gross": "10.197143", "fee": "1.019714", "net": "9.177429",
+                              "net_usd": "9.18"}
+    rows = {(r["node"]["name"] if r["node"] else None, r["gpu_model"]): r for r in body["nodes"]}
     assert rows[("rack-7", "h100-80gb")]["gross"] == "0.167143" and rows[(rows_l4 := next(
         k for k in rows if k[1] == "l4"))]["net"] == "0.027000"
     assert rows_l4[0] is not None
+    assert (rows[(None, "")]["gross"], rows[(None, "")]["net"]) == ("10.000000", "9.000000")
     assert body["ledger"] == {"reservation": "9.000000", "usage": "0.177429"}
-    assert body["month_net_usd"] == "9.18"
 
 
 @pytest.mark.parametrize("month", ["2026-13", "11-2026", "nope", "2026-1"])

@@ -39,6 +39,9 @@ def _loopback(host: str) -> str:
     return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
 
 
+DEMO_PAYOUTS = {"PAYOUT_TRANSFERS": "simulated", "PAYOUT_HOLD_DAYS": "0", "PAYOUT_MINIMUM": "1.00"}
+
+
 class Command(BaseCommand):
     help = "Run the whole product locally: web, Celery worker and beat, and simulated GPU servers."
 
@@ -89,6 +92,10 @@ class Command(BaseCommand):
                 supervisor.base_env.update({"STRIPE_SECRET_KEY": "sk_test_local", "STRIPE_PUBLISHABLE_KEY": "pk_test_local",
                                             "STRIPE_API_BASE": stripe_base,
                                             "STRIPE_WEBHOOK_SECRET": "whsec_demo_" + secrets.token_hex(16)})
+                # localstripe has no Connect: an approved payout is paid by a simulated transfer, and the demo's
+                # small earnings are payable at once (docs/payments.md, Payouts); the environment may say otherwise.
+                for name, value in DEMO_PAYOUTS.items():
+                    supervisor.base_env.setdefault(name, value)
 
                 def register_webhook() -> str:
                     # localstripe keeps its webhooks in memory: registered at start and again after each restart.
@@ -132,6 +139,9 @@ class Command(BaseCommand):
             if fake_stripe:
                 self.stdout.write(f"  payments: local fake Stripe at {supervisor.base_env['STRIPE_API_BASE']} (card 4242424242424242"
                                   " pays, 4000000000000341 is declined)")
+                if supervisor.base_env["PAYOUT_TRANSFERS"] == "simulated":
+                    self.stdout.write("  payouts: approved in the admin, paid by a simulated transfer (no Stripe Connect"
+                                      " in the demo)")
             self.stdout.write(f"  API docs: {url}api/docs/   logs: {logs}/\nPress Ctrl-C to stop everything.\n")
             try:
                 while True:
