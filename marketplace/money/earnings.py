@@ -2,8 +2,9 @@
 three read from the same ledger lines so they always add up; and net earnings per month for a chart.
 
 What a provider earned is every line of its earnings account that is not a payout (movements.PAYOUT_KINDS): metered
-usage, reserved windows paid when booked, less the refunds taken back out of earnings (a lease the platform lost, a
-window it did not deliver). Each line belongs to the month it was posted in, and to its lease (usage and its
+usage, reserved windows paid when booked (a window resold later stays its booking's: a resale moves money between
+holders' wallets), less the refunds taken back out of earnings (a lease the platform lost, a window it did not
+deliver). Each line belongs to the month it was posted in, and to its lease (usage and its
 refunds) or to the reserved window of its order (a booking and its refund); gross = net + the platform fee of the
 same transactions. A buyer's order and project are used to find the window, never shown: the provider sees its
 node, the GPU and profile, the mode and the period.

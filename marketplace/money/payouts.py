@@ -107,9 +107,10 @@ def request_refusal(*, amount: Decimal, payable: Decimal, minimum: Decimal, open
                            details={"minimum": str(minimum)})
     if amount > payable:
         cents = payable.quantize(CENT, rounding=ROUND_DOWN)
-        return DomainError(f"You can request at most {cents:.2f} USD now: earnings become payable "
-                           f"{hold_days:g} days after they are earned.", field="amount", code="exceeds_payable",
-                           details={"payable": str(cents)})
+        said = (f"You can request at most {cents:.2f} USD now" if cents >= minimum else
+                f"Payouts start at {minimum:.2f} USD and {cents:.2f} USD is payable now")
+        return DomainError(f"{said}: earnings become payable {hold_days:g} days after they are earned.",
+                           field="amount", code="exceeds_payable", details={"payable": str(cents)})
     return None
 
 

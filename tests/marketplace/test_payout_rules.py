@@ -73,6 +73,12 @@ def test_the_exceeding_request_is_told_what_it_may_ask_rounded_down_to_the_cent(
     assert error.details == {"payable": "79.99"}
 
 
+def test_with_less_payable_than_the_minimum_the_provider_is_told_both():
+    error = refusal("10", payable="4.567")
+    assert error.message == ("Payouts start at 10.00 USD and 4.56 USD is payable now: earnings become payable 7 "
+                             "days after they are earned.")
+
+
 def test_an_open_payout_refuses_a_second_request_with_a_conflict():
     error = refusal("20", open_request=True)
     assert isinstance(error, Conflict) and error.code == "payout_open"

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from marketplace.models import Account, LedgerTransaction, Payout
+from marketplace.models import Account, LedgerTransaction, Payout, ProviderProfile
 from marketplace.money import ledger, movements
 from marketplace.money.check import ledger_check
 from marketplace.money.payouts import payout_balance
@@ -228,6 +228,19 @@ def test_an_unreachable_stripe_leaves_the_payout_approved_and_the_beat_sends_it_
     p.refresh_from_db()
     assert (p.state, p.last_error) == (Payout.State.PAID, "")
     assert ledger.platform_account("payouts_clearing").balance == 0 and ledger_check() == []
+
+
+def test_without_a_stripe_key_an_approval_is_refused_before_any_money_moves(provider, operator, settings):
+    settings.PAYOUT_TRANSFERS = "stripe"
+    settings.STRIPE_SECRET_KEY = ""
+    ProviderProfile.objects.filter(user=provider).update(stripe_account_id="acct_1Prov")
+    earn(provider, "100", at=OLD)
+    p = payouts.payout_request(provider=provider, amount=D("40"))
+    with pytest.raises(DomainError) as exc:
+        payouts.payout_approve(payout_id=p.pk, by=operator)
+    assert (exc.value.status, exc.value.code) == (503, "payments_unavailable")
+    p.refresh_from_db()
+    assert p.state == Payout.State.REQUESTED and earnings(provider) == D("90")
 
 
 # --- the API -----------------------------------------------------------------------------------------------------

@@ -73,6 +73,7 @@ def payout_approve(*, payout_id, by, now: datetime | None = None) -> Payout:
     if profile is None and not connect.simulated():
         raise Conflict("This account is no longer a provider: reject the request.", code="not_a_provider")
     destination = _destination(profile) if profile is not None else ""
+    connect.transfers_configured()  # before any money moves: an approval that cannot be sent is refused
     books.payout_approve(payout_id=payout.pk, by=by, destination=destination, now=now)
     return payout_send(payout_id=payout.pk)
 

@@ -24,7 +24,7 @@ import stripe
 from django.conf import settings
 
 from marketplace.amounts import in_cents
-from marketplace.conf import stripe_configure
+from marketplace.conf import PaymentsUnavailable, stripe_configure
 from scheduler.errors import DomainError
 
 log = logging.getLogger(__name__)
@@ -70,6 +70,12 @@ class AccountStatus:
 
 def simulated() -> bool:
     return settings.PAYOUT_TRANSFERS == "simulated"
+
+
+def transfers_configured() -> None:
+    """Refuse (503 payments_unavailable) when transfers go through Stripe and no Stripe key is configured."""
+    if not simulated():
+        stripe_configure()
 
 
 def _unreachable(exc: stripe.StripeError) -> DomainError:
@@ -135,7 +141,10 @@ def transfer_send(*, payout_id, provider_id: int, amount: Decimal, destination: 
     cents = in_cents(amount)
     if simulated():
         return Transfer(id=f"simulated_{payout_id.hex}", amount_cents=cents, destination="", simulated=True)
-    stripe_configure()
+    try:
+        stripe_configure()
+    except PaymentsUnavailable as exc:  # the key went away since the approval: kept approved, sent again later
+        raise TransferNotSent(exc.message) from exc
     group = f"payout_{payout_id}"
     try:
         sent = stripe.Transfer.list(transfer_group=group, limit=1).data
