@@ -107,8 +107,8 @@ class Client:
         query = urlencode([(k, v) for k, v in (params or {}).items() if v is not None and v != ""], doseq=True)
         return f"{self.base_url}{path}" + (f"?{query}" if query else "")
 
-    def get(self, path: str, params: dict | None = None, *, auth: bool = True) -> object:
-        return self.request("GET", path, params=params, auth=auth)
+    def get(self, path: str, params: dict | None = None, *, auth: bool = True, accept: str | None = None) -> object:
+        return self.request("GET", path, params=params, auth=auth, headers={"Accept": accept} if accept else None)
 
     def post(self, path: str, body: dict | None = None, *, headers: dict | None = None) -> object:
         return self.request("POST", path, body=body, headers=headers)

@@ -103,33 +103,39 @@ def leases_list(ctx: Context) -> int:
     else:  # one filtered query per open state: a long history of jobs is not read to find the few open
         found = [x for state in OPEN_STATES for x in ctx.client.pages("leases/", {"state": state, "mode": mode})]
         found.sort(key=lambda x: x["created_at"], reverse=True)
-    if ctx.json:
-        ctx.emit(found)
-        return 0
     now = datetime.now(timezone.utc)
-    rows = []
-    for x in found:
-        w = x.get("workload") or {}
+
+    def row(x: dict) -> list:
         over = x["state"] in ("ended", "failed")
-        note = x.get("end_reason") if over else (w.get("state") or "")
-        if not over and w.get("state") in ("pulling", "starting") and w.get("progress") not in (None, ""):
-            note += f" {w['progress']}"
-        rows.append([short_id(x["id"]), x["mode"].replace("_", "-"), x["state"], gpu_of(x), x["region"],
-                     _rate(x), usd(x["cost"]), relative(x["started_at"], now),
-                     relative(x["ended_at"] if over else x["ends_at"], now), note])
-    ctx.table([Column("ID"), Column("MODE"), Column("STATE"), Column("GPU", shrink=True), Column("REGION", drop=4),
-               Column("$/H", right=True), Column("COST", right=True), Column("STARTED", drop=2),
-               Column("ENDS", drop=3), Column("NOTE", shrink=True, drop=1)], rows,
-              empty="no open leases" + ("" if a.all else " (--all shows ended ones)"))
+        return [short_id(x["id"]), x["mode"].replace("_", "-"), x["state"], gpu_of(x), x["region"], _rate(x),
+                usd(x["cost"]), relative(x["started_at"], now), relative(x["ended_at"] if over else x["ends_at"], now),
+                x.get("end_reason") if over else _container_note(x)]
+
+    ctx.listing(found, [Column("ID"), Column("MODE"), Column("STATE"), Column("GPU", shrink=True),
+                        Column("REGION", drop=4), Column("$/H", right=True), Column("COST", right=True),
+                        Column("STARTED", drop=2), Column("END", drop=3), Column("NOTE", shrink=True, drop=1)],
+                row, empty="no leases" if a.all else "no open leases (--all shows ended ones)")
     if a.all and len(found) == a.limit:
         ctx.note(f"(the newest {a.limit}: --limit N shows more)")
     return 0
 
 
+def _container_note(lease: dict) -> str:
+    """What an open lease's table row adds to its state: an interruption's deadline, or its container's state while
+    that is not simply running."""
+    i, w = lease.get("interruption") or {}, lease.get("workload") or {}
+    if i:
+        return f"{i['kind']}: ends {relative(i['deadline'])}"
+    if not w or w.get("state") == "running":
+        return ""
+    progress = f" {w['progress']}" if w.get("progress") not in (None, "") else ""
+    return f"container {w.get('state')}{progress}"
+
+
 def _rate(lease: dict) -> str:
     if lease["mode"] in ("reserved", "resale"):
         return "prepaid"
-    return usd(lease["price_per_hour"]).lstrip("$")
+    return usd(lease["price_per_hour"], places=4).lstrip("$")
 
 
 def facts_block(lease: dict) -> list[tuple[str, object]]:

@@ -57,7 +57,7 @@ def register(sub, parent) -> None:
                             "price in --mode and $ per PU-hour. Filters are the catalog API's. An offer's ID "
                             "(MODEL:PROFILE:REGION) is what `gpum order ... --offer` takes.",
                 epilog="examples:\n  gpum offers --model h100-80gb --available\n"
-                       "  gpum offers --min-memory 40 --mode spot --sort pu_per_dollar\n"
+                       "  gpum offers --min-memory 40 --mode spot --sort pu_per_dollar --desc\n"
                        "  gpum offers --region eu-west --max-price 2.50 --json")
     p.add_argument("--model", help="a GPU model's catalog key (h100-80gb, a100-40gb, l4, ...)")
     p.add_argument("--min-memory", type=_number, metavar="GB", help="at least this much GPU memory per slice")
@@ -70,10 +70,12 @@ def register(sub, parent) -> None:
     p.add_argument("--min-reliability", type=_number, metavar="SHARE", help="nodes' reliability at least (0..1)")
     p.add_argument("--min-pu-per-dollar", type=_number, metavar="PU", help="at least this many PU per $")
     p.add_argument("--available", action="store_true", help="only offers that could be placed now")
-    p.add_argument("--gpus", type=_positive, metavar="N", help="at least N instances available now (a multi-GPU "
-                                                              "order needs N whole GPUs on one node)")
+    p.add_argument("--gpus", type=_positive, metavar="N",
+                   help="at least N available now: N GPUs of a whole-GPU offer, N slices of a MIG one (a multi-GPU "
+                        "order needs N whole GPUs on one node)")
     p.add_argument("--sort", type=_sort, default="price",
-                   help=f"order by {', '.join(SORTS)}; prefix - for descending (default price)")
+                   help=f"order by {', '.join(SORTS)} (default price; --sort=-pu is descending, as --desc)")
+    p.add_argument("--desc", action="store_true", help="highest first")
     p.set_defaults(run=offers)
 
     p = command(sub, "templates", parent, "the operator's workload templates (--template KEY)")
@@ -223,7 +225,8 @@ def offers(ctx: Context) -> int:
     params = {"gpu_model": a.model, "min_memory_gb": a.min_memory, "region": a.region, "mode": a.mode,
               "max_price": a.max_price, "min_cuda": a.min_cuda, "min_compute_capability": a.min_compute_capability,
               "min_reliability": a.min_reliability, "min_pu_per_dollar": a.min_pu_per_dollar,
-              "available": "true" if a.available else None, "ordering": a.sort}
+              "available": "true" if a.available else None,
+              "ordering": f"-{a.sort}" if a.desc and not a.sort.startswith("-") else a.sort}
     body = ctx.client.get("offers/", params, auth=False)
     found = body["results"]
     if a.gpus:
@@ -233,7 +236,7 @@ def offers(ctx: Context) -> int:
         return 0
     mode = a.mode
     others = [m for m in ("on_demand", "spot", "reserved") if m != mode]
-    columns = [Column("OFFER", shrink=True), Column("MEM GB", right=True), Column("PU", right=True),
+    columns = [Column("OFFER"), Column("MEM GB", right=True), Column("PU", right=True),
                Column("FREE", right=True), Column(f"{_label(mode)} $/H", right=True),
                Column("$/PU-H", right=True, drop=3)]
     columns += [Column(f"{_label(m)} $/H", right=True, drop=5 - i) for i, m in enumerate(others)]
@@ -241,7 +244,7 @@ def offers(ctx: Context) -> int:
     rows = []
     for o in found:
         prices = o.get("prices") or {}
-        rows.append([o["id"], f"{o['memory_gb']:g}", f"{o['pu']:g}", o["availability"], _price(prices.get(mode)),
+        rows.append([o["id"], f"{o['memory_gb']:g}", f"{o['pu']:.2f}", o["availability"], _price(prices.get(mode)),
                      _price(o.get("usd_per_pu_hour"))]
                     + [_price(prices.get(m)) for m in others]
                     + [f"{o['reliability']:.2f}", o.get("cuda_version") or "-"])
@@ -254,7 +257,8 @@ def _label(mode: str) -> str:
 
 
 def _price(value) -> str:
-    return usd(value).lstrip("$") if value not in (None, "") else "-"
+    """A price in a table's $/H column: 4 places, so that a column reads at a glance (--json has them exact)."""
+    return usd(value, places=4).lstrip("$") if value not in (None, "") else "-"
 
 
 def templates(ctx: Context) -> int:
@@ -361,7 +365,7 @@ def order_show(ctx: Context) -> int:
         return 0
     w = order.get("workload") or {}
     ctx.print(pairs([
-        ("id", order["id"]), ("mode", order["mode"]), ("state", order["state"]),
+        ("id", order["id"]), ("mode", order["mode"].replace("_", "-")), ("state", order["state"]),
         ("models", ", ".join(order.get("gpu_models") or []) or "any"),
         ("memory", f"{order['memory_gb']:g} GB" if order.get("memory_gb") else None),
         ("gpus", order.get("gpu_count") if (order.get("gpu_count") or 1) > 1 else None),

@@ -55,7 +55,7 @@ def statements(ctx: Context) -> int:
     a = ctx.args
     params = {"month": a.month, "project": a.project}
     if a.csv:
-        ctx.out.write(ctx.client.get("statements/", {**params, "format": "csv"}))
+        ctx.out.write(ctx.client.get("statements/", params, accept="text/csv"))
         ctx.out.flush()
         return 0
     body = ctx.client.get("statements/", params)

@@ -7,7 +7,7 @@ import shutil
 import sys
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from decimal import Decimal, InvalidOperation
+from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
 
 GAP = "  "
 MIN_SHRUNK = 8  # a shrinkable column keeps at least this many characters (or its header's)
@@ -103,18 +103,21 @@ def pairs(items: list[tuple[str, object]]) -> str:
 
 # --- values ------------------------------------------------------------------------------------------------------
 
-def usd(value, *, per_hour: bool = False) -> str:
+def usd(value, *, per_hour: bool = False, places: int | None = None) -> str:
     """A money amount from the API (a decimal string, micro-dollars): $ with 2 to 6 places, no trailing zeros
-    beyond cents. None and "" are shown as "-"."""
+    beyond cents (or exactly `places`, rounded half-up, for a column). None and "" are shown as "-"."""
     if value is None or value == "":
         return "-"
     try:
         amount = Decimal(str(value))
     except InvalidOperation:
         return str(value)
-    text = f"{amount:.6f}".rstrip("0")
-    whole, _, frac = text.partition(".")
-    text = f"{whole}.{frac.ljust(2, '0')}"
+    if places is not None:
+        text = str(amount.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP))
+    else:
+        text = f"{amount:.6f}".rstrip("0")
+        whole, _, frac = text.partition(".")
+        text = f"{whole}.{frac.ljust(2, '0')}"
     sign = "-" if text.startswith("-") else ""
     return f"{sign}${text.lstrip('-')}" + ("/h" if per_hour else "")
 

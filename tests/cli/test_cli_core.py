@@ -215,6 +215,12 @@ def test_money_shows_cents_and_every_micro_dollar_that_is_there(value, shown):
     assert usd(value) == shown
 
 
+def test_a_price_column_rounds_to_its_places_half_up():
+    assert [usd(v, places=4) for v in ("0.514286", "3.6", "0.00005", "0.000049")] == [
+        "$0.5143", "$3.6000", "$0.0001", "$0.0000"]
+    assert usd("1.5", per_hour=True) == "$1.50/h"
+
+
 def test_durations_and_relative_times_read_short():
     assert [duration(s) for s in (9, 250, 3720, 90000)] == ["9s", "4m 10s", "1h 2m", "1d 1h"]
     now = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
