@@ -492,3 +492,61 @@ def test_a_followed_log_prints_what_came_during_the_tails_fetch_once(tail, early
                                        ("https://m.example.org/market", "wss://m.example.org/market/ws/console/")])
 def test_the_live_socket_is_the_servers_console_socket(base, url):
     assert socket_url(base) == url
+
+
+# --- order --wait (the server scripted) ----------------------------------------------------------------------------
+
+ORDER = "0dde0000-0000-4000-8000-000000000001"
+
+
+def _lease(state: str, **extra) -> dict:
+    return {"id": LEASE, "order": ORDER, "mode": "on_demand", "state": state, "gpu_model": "l4", "profile": "whole",
+            "region": "eu-west", "price_per_hour": "3.600000", "cost": "0.000000", "cost_charged": "0.000000",
+            "started_at": None, "ends_at": None, "ended_at": None, "end_reason": "", "connection": None,
+            "interruption": None, "workload": None, **extra}
+
+
+def test_wait_follows_a_queued_order_until_its_lease_runs_and_prints_how_to_reach_it(stub, monkeypatch):
+    from gpumarket import market
+    monkeypatch.setattr(market, "WAIT_POLL_SECONDS", 0)
+    queued = {"id": ORDER, "mode": "on_demand", "state": "queued", "reasons": ["no free l4"], "leases": []}
+    placed = dict(queued, state="placed", reasons=[], leases=[LEASE], price_per_hour="3.600000")
+    running = _lease("running", connection={"ssh": "ssh -p 20000 root@203.0.113.7", "device_uuid": "GPU-1",
+                                            "env": {"CUDA_VISIBLE_DEVICES": "GPU-1"}, "hostname": "n1", "urls": [],
+                                            "ports": []})
+    Stub.script = [(202, {}, queued), (200, {}, queued), (200, {}, placed),
+                   (200, {}, _lease("provisioning", workload={"state": "pulling", "progress": "40%"})),
+                   (200, {}, placed), (200, {}, running)]
+    code, out, err = run_main(["order", "on-demand", "--model", "l4", "--queue", "--wait"], client_=client(stub)[0])
+    assert code == 0, err
+    assert err.splitlines() == [f"order {ORDER[:8]} queued: no free l4",
+                                f"lease {LEASE[:8]} provisioning: container pulling 40%"]
+    assert f"lease {LEASE[:8]} running: l4 whole in eu-west, $3.60/h" in out
+    assert "ssh -p 20000 root@203.0.113.7    (gpum ssh 1a2b3c4d)" in out
+    assert json.loads(Stub.seen[0][3])["if_unavailable"] == "queue"
+
+
+def test_wait_on_a_lease_that_fails_is_an_error_with_its_reason(stub, monkeypatch):
+    from gpumarket import market
+    monkeypatch.setattr(market, "WAIT_POLL_SECONDS", 0)
+    placed = {"id": ORDER, "mode": "on_demand", "state": "placed", "reasons": [], "leases": [LEASE]}
+    failed = _lease("failed", end_reason="the workload did not start: image not found")
+    Stub.script = [(201, {}, placed), (200, {}, failed)]
+    code, out, err = run_main(["order", "on-demand", "--image", "x:missing", "--wait"], client_=client(stub)[0])
+    assert code == EXIT_API
+    assert err.startswith(f"gpum: lease {LEASE[:8]} failed: the workload did not start: image not found\n")
+    assert f"gpum logs {LEASE[:8]}" in err
+
+
+def test_wait_gives_up_at_its_timeout_and_says_the_order_goes_on(stub, monkeypatch):
+    from gpumarket import market
+    monkeypatch.setattr(market, "WAIT_POLL_SECONDS", 0)
+    queued = {"id": ORDER, "mode": "spot", "state": "queued", "reasons": ["bid under the spot price"], "leases": []}
+    Stub.script = [(202, {}, queued)] + [(200, {}, queued)] * 50
+    ticks = iter(range(0, 10_000, 400))
+    monkeypatch.setattr(market.time, "monotonic", lambda: next(ticks))
+    code, _, err = run_main(["order", "spot", "--model", "l4", "--bid", "0.5", "--queue", "--wait", "--timeout",
+                             "10m"], client_=client(stub)[0])
+    assert code == EXIT_API
+    assert f"gave up waiting after 10m: order {ORDER[:8]} is queued" in err
+    assert f"it goes on: gpum order show {ORDER[:8]}" in err
