@@ -93,9 +93,6 @@ def main(argv: list[str] | None = None, *, out: TextIO | None = None, err: TextI
     except KeyboardInterrupt:
         err.write("\n")
         return EXIT_INTERRUPTED
-    except BrokenPipeError:  # `gpum leases | head`: the reader had enough
-        try:
-            sys.stdout = open(os.devnull, "w")
-        except OSError:
-            pass
+    except BrokenPipeError:  # `gpum leases | head`: the reader had enough; nothing more to flush at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_OK

@@ -9,7 +9,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
-from datetime import datetime, timezone
+from datetime import timezone
 from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from . import __version__

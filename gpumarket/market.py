@@ -103,9 +103,10 @@ def register(sub, parent) -> None:
     o.add_argument("-y", "--yes", action="store_true", help="do not ask")
     o.set_defaults(run=order_cancel)
 
-    p = command(sub, "orders", parent, "your orders (queued and placed; --all for every one)")
-    p.add_argument("--all", action="store_true", help="failed and cancelled ones too")
+    p = command(sub, "orders", parent, "your orders, newest first (--state queued: those waiting for capacity)")
+    p.add_argument("--state", choices=["queued", "placed", "failed", "cancelled"], help="only this state")
     p.add_argument("--mode", type=_mode, help="only this mode")
+    p.add_argument("--limit", type=_positive, default=50, metavar="N", help="the newest N (default 50)")
     p.set_defaults(run=orders_list)
 
     p = command(sub, "reservations", parent, "your reserved windows (what `gpum resale sell` lists)")
@@ -406,9 +407,8 @@ def order_cancel(ctx: Context) -> int:
 
 
 def orders_list(ctx: Context) -> int:
-    found = ctx.client.all_pages("orders/", {"mode": ctx.args.mode})
-    if not ctx.args.all:
-        found = [o for o in found if o["state"] in ("queued", "placed")]
+    a = ctx.args
+    found = ctx.client.all_pages("orders/", {"mode": a.mode, "state": a.state}, limit=a.limit)
     return ctx.listing(found, [Column("ID"), Column("MODE"), Column("STATE"), Column("MODELS", shrink=True),
                                Column("$/H", right=True), Column("LEASES", shrink=True, drop=1),
                                Column("CREATED", drop=2), Column("WAITING BECAUSE", shrink=True, drop=3)],
@@ -416,7 +416,7 @@ def orders_list(ctx: Context) -> int:
                                   ",".join(o.get("gpu_models") or []) or "any", _price(o.get("price_per_hour")),
                                   " ".join(short_id(x) for x in o.get("leases") or []), relative(o["created_at"]),
                                   "; ".join(o.get("reasons") or []) if o["state"] == "queued" else ""],
-                       empty="no open orders" + ("" if ctx.args.all else " (--all shows every one)"))
+                       empty="no orders")
 
 
 def reservations(ctx: Context) -> int:
@@ -453,8 +453,12 @@ def _hours(start: str, end: str) -> float:
     return round((b - a).total_seconds() / 3600, 2) if a and b else 0
 
 
+def _listing_id(ctx: Context) -> str:
+    return resolve(ctx.args.listing, lambda: [x["id"] for x in _listings(ctx)], what="open listing", owned=False)
+
+
 def resale_buy(ctx: Context) -> int:
-    lid = resolve(ctx.args.listing, lambda: [x["id"] for x in _listings(ctx)], what="listing")
+    lid = _listing_id(ctx)
     bought = ctx.client.post(f"resale-listings/{lid}/buy/")
     res, listing = bought["reservation"], bought["listing"]
     return ctx.result(bought, f"Bought listing {short_id(lid)} for {usd(listing['price_total'])}: reservation "
@@ -475,7 +479,7 @@ def resale_sell(ctx: Context) -> int:
 
 
 def resale_withdraw(ctx: Context) -> int:
-    lid = resolve(ctx.args.listing, lambda: [x["id"] for x in _listings(ctx)], what="listing")
+    lid = _listing_id(ctx)
     listing = ctx.client.post(f"resale-listings/{lid}/withdraw/")
     return ctx.result(listing, f"listing {short_id(lid)} {listing['state']}")
 

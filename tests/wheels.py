@@ -6,6 +6,9 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import zipfile
+from base64 import urlsafe_b64encode
+from hashlib import sha256
 from pathlib import Path
 
 import pytest
@@ -61,3 +64,31 @@ def every_module_imports(python: Path, package: str, cwd: Path) -> Path:
 def absent(python: Path, module: str, cwd: Path) -> bool:
     out = run(str(python), "-c", f"import {module}", cwd=cwd, check=False)
     return out.returncode != 0 and "ModuleNotFoundError" in out.stderr
+
+
+def contents(wheel: Path) -> dict[str, bytes]:
+    """Archive path -> bytes, in the archive's order."""
+    with zipfile.ZipFile(wheel) as whl:
+        return {n: whl.read(n) for n in whl.namelist()}
+
+
+def record_problems(files: dict[str, bytes], dist_info: str) -> list[str]:
+    """What is wrong with a wheel's RECORD (PEP 427): every file listed once, with its true sha256 and size, the
+    RECORD itself last and without either."""
+    problems = []
+    names = list(files)
+    if names[-1] != f"{dist_info}/RECORD":
+        problems.append("RECORD is not the last entry")
+    record = [line.rsplit(",", 2) for line in files[f"{dist_info}/RECORD"].decode().splitlines()]
+    if sorted(path for path, _, _ in record) != sorted(names):
+        problems.append("RECORD does not list exactly the archive's files")
+    for path, digest, size in record:
+        if path == f"{dist_info}/RECORD":
+            if (digest, size) != ("", ""):
+                problems.append("RECORD names a hash of itself")
+            continue
+        data = files.get(path, b"")
+        true = "sha256=" + urlsafe_b64encode(sha256(data).digest()).rstrip(b"=").decode()
+        if digest != true or int(size) != len(data):
+            problems.append(f"{path}: hash or size wrong")
+    return problems

@@ -420,7 +420,7 @@ def test_an_api_error_prints_its_message_the_flags_and_the_reasons_on_stderr(stu
 
 def test_json_is_accepted_before_or_after_the_command(stub):
     Stub.script = [(200, {}, {"count": 1, "results": [{"id": "x"}]})] * 2
-    for argv in (["--json", "orders", "--all"], ["orders", "--all", "--json"]):
+    for argv in (["--json", "orders", "--state", "queued"], ["orders", "--state", "queued", "--json"]):
         code, out, _ = run_main(argv, client_=client(stub)[0])
         assert code == 0 and json.loads(out) == [{"id": "x"}]
 

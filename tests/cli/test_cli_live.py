@@ -300,7 +300,8 @@ def test_a_reserved_window_is_listed_for_resale_and_bought_by_another_buyer(gpum
     assert len(mine) == 1 and mine[0]["price_total"] == "0.500000" and mine[0]["gpu_model"] == "l4"
     assert Decimal(gpum.json("balance", key=buyer)["balance"]) == Decimal(wallet_before) - Decimal("0.5")
     # Sold: no open listing has that ID any more.
-    assert "no listing of yours" in gpum("resale", "buy", listing_id, key=buyer, expect=4).stderr
+    assert f"no open listing has an ID starting with {listing_id}" in gpum("resale", "buy", listing_id, key=buyer,
+                                                                         expect=4).stderr
 
 
 def test_a_top_up_pays_with_a_card_and_a_declined_card_is_the_apis_error(gpum, stack):

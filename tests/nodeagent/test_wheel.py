@@ -8,8 +8,6 @@ import shlex
 import subprocess
 import sys
 import zipfile
-from base64 import urlsafe_b64encode
-from hashlib import sha256
 from pathlib import Path
 
 import pytest
@@ -19,7 +17,7 @@ from nodeagent import cli
 import nodeagent
 from nodeagent.packaging import build
 from tests.e2e.livestack import LiveStack, ROOT, wait_until
-from tests.wheels import absent, every_module_imports, install_alone, run
+from tests.wheels import absent, contents as wheel_contents, every_module_imports, install_alone, record_problems, run
 
 AGENT_LIBRARIES = ["docker", "nvidia-ml-py", "websockets"]  # the list: nothing of the web application
 UNIT = ROOT / "nodeagent" / "packaging" / "gpumarket-agent.service"
@@ -54,23 +52,12 @@ def test_the_wheel_requires_exactly_the_agents_three_libraries_at_versions_the_s
 
 
 def test_the_wheel_holds_the_agents_modules_and_unit_under_true_hashes_and_a_console_script(wheel):
-    with zipfile.ZipFile(wheel) as whl:
-        names = whl.namelist()
-        contents = {n: whl.read(n) for n in names}
+    contents = wheel_contents(wheel)
     sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "nodeagent").rglob("*.py")
                if "__pycache__" not in p.parts}
-    assert {n for n in names if not n.startswith(DIST_INFO)} == sources | {
+    assert {n for n in contents if not n.startswith(DIST_INFO)} == sources | {
         "nodeagent/packaging/gpumarket-agent.service"}
-    assert names[-1] == f"{DIST_INFO}/RECORD"
-    record = [line.rsplit(",", 2) for line in contents[f"{DIST_INFO}/RECORD"].decode().splitlines()]
-    assert sorted(path for path, _, _ in record) == sorted(names)
-    for path, digest, size in record:
-        if path == f"{DIST_INFO}/RECORD":
-            assert (digest, size) == ("", "")
-            continue
-        data = contents[path]
-        assert digest == "sha256=" + urlsafe_b64encode(sha256(data).digest()).rstrip(b"=").decode(), path
-        assert int(size) == len(data), path
+    assert record_problems(contents, DIST_INFO) == []
     assert "Root-Is-Purelib: true\n" in contents[f"{DIST_INFO}/WHEEL"].decode()
     assert "Tag: py3-none-any\n" in contents[f"{DIST_INFO}/WHEEL"].decode()
     assert contents[f"{DIST_INFO}/entry_points.txt"].decode() == (
