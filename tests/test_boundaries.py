@@ -1,4 +1,4 @@
-"""DESIGN.md §3: the pure cores and the agent import nothing from Django, DRF, Channels or Celery."""
+"""DESIGN.md §3: the pure cores, the agent and the CLI import nothing from Django, DRF, Channels or Celery."""
 from __future__ import annotations
 
 import pkgutil
@@ -10,7 +10,7 @@ import pytest
 from tests.conftest import ROOT
 
 FORBIDDEN = ("django", "rest_framework", "channels", "celery", "kombu", "marketplace", "config", "drf_spectacular")
-PURE_PACKAGES = ["scheduler.core", "scheduler.sim", "nodeagent"]
+PURE_PACKAGES = ["scheduler.core", "scheduler.sim", "nodeagent", "gpumarket"]
 
 
 def _modules(package: str) -> list[str]:
@@ -22,8 +22,9 @@ def _modules(package: str) -> list[str]:
                         if not m.name.endswith(".__main__")]
 
 
-# The agent installs alone on a provider's server (its own wheel): not even the scheduler's pure core.
-EXTRA_FORBIDDEN = {"nodeagent": ("scheduler",)}
+# The agent installs alone on a provider's server, the CLI on a buyer's laptop (each its own wheel): not even the
+# scheduler's pure core, nor one the other.
+EXTRA_FORBIDDEN = {"nodeagent": ("scheduler", "gpumarket"), "gpumarket": ("scheduler", "nodeagent")}
 
 
 @pytest.mark.parametrize("package", PURE_PACKAGES)

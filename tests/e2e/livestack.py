@@ -13,6 +13,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from marketplace.management import localstripe
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # What a signed-in browser holds: a session in the database (any web process reads it) for `user`.
@@ -49,14 +51,14 @@ from decimal import Decimal
 from django.contrib.auth import get_user_model
 from marketplace.money import ledger
 from marketplace.products.apikeys import api_key_create
-names, credit = json.loads(%r)
+names, credit, scopes = json.loads(%r)
 buyers = []
 for name in names:
     user = get_user_model().objects.create_user(name, password="e2e-password")
     ledger.post(kind="topup", memo="e2e top-up", idempotency_key=f"e2e-topup-{name}",
                 lines=[(ledger.platform_account("stripe_clearing"), -Decimal(credit)),
                        (ledger.account_for(user=user, kind="wallet"), Decimal(credit))])
-    _, key = api_key_create(user=user, name="e2e")
+    _, key = api_key_create(user=user, name="e2e", **({"scopes": scopes} if scopes else {}))
     buyers.append({"name": name, "id": user.pk, "api_key": key, "session": session_for(user)})
 print("BUYERS" + json.dumps(buyers))
 """
@@ -82,7 +84,7 @@ def wait_until(predicate, *, timeout: float, interval: float = 0.1, what: str = 
 
 class LiveStack:
     def __init__(self, tmp: Path, *, nodes: list[tuple[str, str]], env: dict | None = None,
-                 celery: bool = True, agent_interval: float = 1.0,
+                 celery: bool = True, agent_interval: float = 1.0, stripe: bool = False,
                  start_agents: bool = True, web_args: tuple[str, ...] = (), agent_args: tuple[str, ...] = ()):
         self.tmp = tmp
         self.port = free_port()
@@ -90,6 +92,7 @@ class LiveStack:
         self.procs: dict[str, subprocess.Popen] = {}
         self.spawned: dict[str, tuple[str, list[str], dict]] = {}  # name -> how it was started, for restart()
         self.celery = celery
+        self.stripe = stripe  # a local fake Stripe (localstripe) the web and worker pay through
         self.agent_interval = agent_interval
         self.start_agents = start_agents
         self.web_args = tuple(web_args)
@@ -123,10 +126,27 @@ class LiveStack:
         return proc
 
     def start(self) -> "LiveStack":
+        if self.stripe:
+            self._start_stripe()
         self._run("manage.py", "migrate", "-v", "0")
         self.seed = self.shell(SEED % json.dumps(self.spec), "SEED")
         self._start_processes()
+        if self.stripe:
+            localstripe.register_webhook(api_base=self.stripe_base, url=f"{self.url}/stripe/webhook/",
+                                         secret=self.env["STRIPE_WEBHOOK_SECRET"])
         return self
+
+    def _start_stripe(self) -> None:
+        """localstripe on a port of its own; the stack's processes get its keys (test mode) and its webhook."""
+        if not localstripe.available():
+            raise RuntimeError("localstripe is not installed: pip install -r requirements-dev.txt")
+        self.stripe_port = localstripe.free_port()
+        self.stripe_base = f"http://127.0.0.1:{self.stripe_port}"
+        self.env.update({"STRIPE_SECRET_KEY": "sk_test_e2e", "STRIPE_PUBLISHABLE_KEY": "pk_test_e2e",
+                         "STRIPE_API_BASE": self.stripe_base, "STRIPE_WEBHOOK_SECRET": "whsec_e2e_tests"})
+        self._spawn("localstripe", localstripe.argv(port=self.stripe_port)[1:])
+        if not localstripe.wait_until_listening(port=self.stripe_port):
+            raise RuntimeError("localstripe did not start")
 
     def _start_processes(self) -> None:
         self._spawn("web", ["-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1", "--port",
@@ -140,9 +160,10 @@ class LiveStack:
         for node in self.seed["nodes"] if self.start_agents else ():
             self.start_agent(node)
 
-    def add_buyers(self, names: list[str], *, credit: str = "1000") -> list[dict]:
-        """Buyers with `credit` USD in their wallets, each with an API key and a console session."""
-        return self.shell(BUYERS % json.dumps([names, credit]), "BUYERS")
+    def add_buyers(self, names: list[str], *, credit: str = "1000", scopes: list[str] | None = None) -> list[dict]:
+        """Buyers with `credit` USD in their wallets, each with an API key (of `scopes`, default all) and a console
+        session."""
+        return self.shell(BUYERS % json.dumps([names, credit, scopes]), "BUYERS")
 
     def agent_server(self, node: dict) -> str:
         """The agent socket URL `node`'s agent connects to."""

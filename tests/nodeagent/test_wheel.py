@@ -3,14 +3,11 @@ offline from the wheelhouse `make venv` downloads, whose `gpumarket-agent` bring
 from __future__ import annotations
 
 import email.parser
-import os
 import re
 import shlex
 import subprocess
 import sys
 import zipfile
-from base64 import urlsafe_b64encode
-from hashlib import sha256
 from pathlib import Path
 
 import pytest
@@ -20,10 +17,10 @@ from nodeagent import cli
 import nodeagent
 from nodeagent.packaging import build
 from tests.e2e.livestack import LiveStack, ROOT, wait_until
+from tests.wheels import absent, contents as wheel_contents, every_module_imports, install_alone, record_problems, run
 
 AGENT_LIBRARIES = ["docker", "nvidia-ml-py", "websockets"]  # the list: nothing of the web application
 UNIT = ROOT / "nodeagent" / "packaging" / "gpumarket-agent.service"
-WHEELHOUSE = ROOT / ".venv" / "wheelhouse"
 DIST_INFO = f"gpumarket_agent-{nodeagent.__version__}.dist-info"
 
 
@@ -55,23 +52,12 @@ def test_the_wheel_requires_exactly_the_agents_three_libraries_at_versions_the_s
 
 
 def test_the_wheel_holds_the_agents_modules_and_unit_under_true_hashes_and_a_console_script(wheel):
-    with zipfile.ZipFile(wheel) as whl:
-        names = whl.namelist()
-        contents = {n: whl.read(n) for n in names}
+    contents = wheel_contents(wheel)
     sources = {p.relative_to(ROOT).as_posix() for p in (ROOT / "nodeagent").rglob("*.py")
                if "__pycache__" not in p.parts}
-    assert {n for n in names if not n.startswith(DIST_INFO)} == sources | {
+    assert {n for n in contents if not n.startswith(DIST_INFO)} == sources | {
         "nodeagent/packaging/gpumarket-agent.service"}
-    assert names[-1] == f"{DIST_INFO}/RECORD"
-    record = [line.rsplit(",", 2) for line in contents[f"{DIST_INFO}/RECORD"].decode().splitlines()]
-    assert sorted(path for path, _, _ in record) == sorted(names)
-    for path, digest, size in record:
-        if path == f"{DIST_INFO}/RECORD":
-            assert (digest, size) == ("", "")
-            continue
-        data = contents[path]
-        assert digest == "sha256=" + urlsafe_b64encode(sha256(data).digest()).rstrip(b"=").decode(), path
-        assert int(size) == len(data), path
+    assert record_problems(contents, DIST_INFO) == []
     assert "Root-Is-Purelib: true\n" in contents[f"{DIST_INFO}/WHEEL"].decode()
     assert "Tag: py3-none-any\n" in contents[f"{DIST_INFO}/WHEEL"].decode()
     assert contents[f"{DIST_INFO}/entry_points.txt"].decode() == (
@@ -138,7 +124,7 @@ def test_the_unit_restarts_takes_its_token_from_the_env_file_and_runs_the_instal
     argv = _exec_start(service, {"NODEAGENT_SERVER": "wss://market.example.org/ws/agent/",
                                  "NODEAGENT_TOKEN": "gpm_node_x"})
     # The console script the wheel installs, in the venv docs/deployment.md makes.
-    assert argv[0] == "/opt/gpumarket-agent/bin/" + build.CONSOLE_SCRIPT.split(" = ")[0]
+    assert argv[0] == "/opt/gpumarket-agent/bin/" + build.AGENT.console_script.split(" = ")[0]
     args = cli.build_parser().parse_args(argv[1:])
     assert (args.servers, args.runtime, args.engine_url) == (
         ["wss://market.example.org/ws/agent/"], "docker", "unix:///run/docker.sock")
@@ -154,46 +140,19 @@ def test_the_unit_restarts_takes_its_token_from_the_env_file_and_runs_the_instal
 
 # --- installed alone -----------------------------------------------------------------------------------------------
 
-def _wheelhouse() -> Path:
-    if not any(WHEELHOUSE.glob("websockets-*.whl")):
-        reason = (f"no agent dependency wheels in {WHEELHOUSE}: run make venv: it downloads the agent's dependency "
-                  "wheels")
-        if os.environ.get("GPUMARKET_REQUIRE_ENGINE") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return WHEELHOUSE
-
-
 @pytest.mark.e2e
 def test_the_wheel_installs_alone_offline_and_its_agent_brings_a_simulated_node_online(wheel, tmp_path):
-    wheelhouse = _wheelhouse()
+    bin_dir = install_alone(wheel, tmp_path / "agent-venv")
+    python = bin_dir / "python"
+    for module in ("django", "scheduler"):
+        assert absent(python, module, tmp_path), f"{module} is importable"
+    assert every_module_imports(python, "nodeagent", tmp_path).is_relative_to(tmp_path / "agent-venv")
     venv = tmp_path / "agent-venv"
-    # Nothing of this checkout or this machine's pip settings (its extra indexes) reaches the new venv.
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "PYTHON", "VIRTUAL_ENV"))}
-    clean |= {"PIP_CONFIG_FILE": os.devnull, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-
-    def run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
-        out = subprocess.run(argv, cwd=tmp_path, env=clean, capture_output=True, text=True, timeout=240)
-        assert out.returncode == 0 or not check, f"{argv} failed:\n{out.stdout[-2000:]}\n{out.stderr[-2000:]}"
-        return out
-
-    run(sys.executable, "-m", "venv", str(venv))
-    python = str(venv / "bin" / "python")
-    run(python, "-m", "pip", "install", "--quiet", "--no-index", "--find-links", str(wheelhouse), str(wheel))
-
-    for absent in ("django", "scheduler"):
-        out = run(python, "-c", f"import {absent}", check=False)
-        assert out.returncode != 0 and "ModuleNotFoundError" in out.stderr, f"{absent} is importable: {out}"
-    every_module = ("import importlib, pkgutil, nodeagent\n"
-                    "for m in pkgutil.walk_packages(nodeagent.__path__, 'nodeagent.'):\n"
-                    "    m.name.endswith('__main__') or importlib.import_module(m.name)\n"
-                    "print(nodeagent.__file__)")
-    assert Path(run(python, "-c", every_module).stdout.strip()).is_relative_to(venv)
     # Where docs/deployment.md copies the systemd unit from.
     assert [u.read_bytes() for u in venv.glob("lib/python3*/site-packages/nodeagent/packaging/*.service")] == [
         UNIT.read_bytes()]
-    agent = str(venv / "bin" / "gpumarket-agent")
-    assert run(agent, "--version").stdout.strip() == f"nodeagent {nodeagent.__version__}"
+    agent = str(bin_dir / "gpumarket-agent")
+    assert run(agent, "--version", cwd=tmp_path).stdout.strip() == f"nodeagent {nodeagent.__version__}"
 
     stack = LiveStack(tmp_path / "stack", nodes=[("wheel-a100", "a100-80gb:1")], celery=False, start_agents=False,
                       agent_interval=0.5)
