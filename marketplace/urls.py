@@ -35,8 +35,10 @@ urlpatterns = [
     path("nodes/<uuid:node_id>/gpus/<int:gpu_id>/health/", views.gpu_health, name="gpu-health"),
     path("nodes/<uuid:node_id>/drain/", views.node_drain, name="node-drain"),
     path("nodes/<uuid:node_id>/settings/", views.node_settings, name="node-settings"),
+    path("provider/", views.provider, name="provider"),
     # account
     path("account/", views.account, name="account"),
+    path("account/two-factor/", views.two_factor, name="two-factor"),
     path("account/notifications/", views.notifications_save, name="notifications"),
     path("account/keys/", views.api_key_create, name="api-key-create"),
     path("account/keys/<uuid:key_id>/revoke/", views.api_key_revoke, name="api-key-revoke"),

@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from marketplace.management import localstripe
 from marketplace.management.supervisor import Child, Supervisor, command_line
+from marketplace.products.accounts.mail import where_unsent_mail_goes
 from marketplace.products.demo import DEMO_USERS, demo_seed
 
 
@@ -37,6 +38,14 @@ def _wait_for_port(host: str, port: int, deadline: float) -> bool:
 
 def _loopback(host: str) -> str:
     return "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
+
+
+def mail_said() -> str:
+    """Where the demo's e-mails (sign-up links, password resets) go, so a visitor can follow the link."""
+    where = where_unsent_mail_goes()
+    if where is None:
+        return f"e-mail is sent through {settings.EMAIL_HOST}:{settings.EMAIL_PORT}"
+    return f"e-mail is not sent: {where} (open it for the confirmation link; set EMAIL_HOST to send mail)"
 
 
 class Command(BaseCommand):
@@ -132,6 +141,7 @@ class Command(BaseCommand):
             if fake_stripe:
                 self.stdout.write(f"  payments: local fake Stripe at {supervisor.base_env['STRIPE_API_BASE']} (card 4242424242424242"
                                   " pays, 4000000000000341 is declined)")
+            self.stdout.write(f"  sign up at {url}signup/: {mail_said()}")
             self.stdout.write(f"  API docs: {url}api/docs/   logs: {logs}/\nPress Ctrl-C to stop everything.\n")
             try:
                 while True:
