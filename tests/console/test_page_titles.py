@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from tests.factories import ProviderFactory
+from tests.factories import ProviderFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 

@@ -69,10 +69,11 @@ def client_address(request) -> str:
 
 def scope_address(scope) -> str:
     """The client's address of a websocket handshake (ASGI scope), by the same rule as `client_address`."""
-    from types import SimpleNamespace
+    from django.http import HttpRequest
 
-    meta = {"REMOTE_ADDR": (scope.get("client") or ("unknown",))[0]}
+    request = HttpRequest()
+    request.META["REMOTE_ADDR"] = (scope.get("client") or ("unknown",))[0]
     for name, value in scope.get("headers", ()):
         if name == b"x-forwarded-for":
-            meta["HTTP_X_FORWARDED_FOR"] = value.decode("latin-1")
-    return client_address(SimpleNamespace(META=meta))
+            request.META["HTTP_X_FORWARDED_FOR"] = value.decode("latin-1")
+    return client_address(request)
