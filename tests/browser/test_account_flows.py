@@ -16,8 +16,7 @@ pytestmark = pytest.mark.browser
 def test_a_new_visitor_signs_up_confirms_the_email_tops_up_orders_and_sees_the_lease(stack, new_page, request):
     page = new_page()
     page.goto("/")
-    page.get_by_role("link", name="Log in").click()
-    page.get_by_role("link", name="Create an account").click()
+    page.get_by_role("link", name="Sign up", exact=True).click()
     page.get_by_label("Username").fill("newcomer")
     page.get_by_label("E-mail").fill("Newcomer@Example.org")
     page.get_by_label("Password", exact=True).fill("a-good-long-password")
@@ -58,5 +57,5 @@ def test_a_new_visitor_signs_up_confirms_the_email_tops_up_orders_and_sees_the_l
     page.locator("#lease-state", has_text="running").wait_for()
     assert page.locator("#cuda-env").inner_text().startswith("CUDA_VISIBLE_DEVICES=MIG-")
     screenshot(page, request)
-    page.get_by_role("link", name="My leases").click()
-    assert page.locator("table").first.inner_text().count("running") >= 1
+    page.get_by_role("link", name="My leases", exact=True).click()
+    page.locator("main table", has_text="running").first.wait_for()
