@@ -367,3 +367,26 @@ class AccountSecurityAdmin(admin.ModelAdmin):
         for row in queryset.select_related("user"):
             lock_clear(user=row.user)
         self.message_user(request, f"{queryset.count()} account(s) unlocked", messages.SUCCESS)
+
+
+from django.contrib.auth.admin import UserAdmin  # noqa: E402
+from django.contrib.auth.forms import UserChangeForm  # noqa: E402
+from django.core.exceptions import ValidationError  # noqa: E402
+
+
+class OneAccountPerEmailForm(UserChangeForm):
+    """E-mail addresses are unique whatever their case (a unique index decides): said beside the field, not a 500."""
+
+    def clean_email(self):
+        email = self.cleaned_data.get("email", "")
+        if email and get_user_model().objects.filter(email__iexact=email).exclude(pk=self.instance.pk).exists():
+            raise ValidationError("Another account has this e-mail address.")
+        return email
+
+
+class AccountUserAdmin(UserAdmin):
+    form = OneAccountPerEmailForm
+
+
+admin.site.unregister(get_user_model())
+admin.site.register(get_user_model(), AccountUserAdmin)

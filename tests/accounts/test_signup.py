@@ -187,3 +187,17 @@ def test_the_pages_of_logged_out_visitors_have_titles(client, path):
     assert r.status_code == 200
     title = re.search(r"<title>(.*?)</title>", r.content.decode(), re.S).group(1)
     assert "<" not in title and title.strip().endswith("· GPU Market")
+
+
+def test_an_operator_giving_an_account_an_address_another_has_is_told_beside_the_field(client):
+    UserFactory(username="ivy", email="ivy@example.org")
+    other = UserFactory(username="jon", email="jon@example.org")
+    client.force_login(UserFactory(username="root", is_staff=True, is_superuser=True))
+    page = client.get(f"/admin/auth/user/{other.pk}/change/")
+    assert page.status_code == 200
+    data = {"username": "jon", "email": "IVY@example.org", "date_joined_0": "2026-01-01", "date_joined_1": "00:00:00",
+            "is_active": "on"}
+    r = client.post(f"/admin/auth/user/{other.pk}/change/", data)
+    assert r.status_code == 200 and "Another account has this e-mail address." in r.content.decode()
+    other.refresh_from_db()
+    assert other.email == "jon@example.org"
