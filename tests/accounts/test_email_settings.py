@@ -55,3 +55,15 @@ def test_sender_addresses_are_checked(monkeypatch, value, ok):
     else:
         with pytest.raises(env.ImproperlyConfiguredEnv):
             env.env_email("X_FROM", "x@example.org")
+
+
+def test_the_demo_says_where_the_mail_it_does_not_send_goes(settings, tmp_path):
+    from marketplace.management.commands.demo import mail_said
+
+    settings.EMAIL_BACKEND = "django.core.mail.backends.filebased.EmailBackend"
+    settings.EMAIL_FILE_PATH = str(tmp_path / "mail")
+    assert mail_said() == (f"e-mail is not sent: each message is written as a file under {tmp_path}/mail/ (open it "
+                           f"for the confirmation link; set EMAIL_HOST to send mail)")
+    settings.EMAIL_BACKEND, settings.EMAIL_HOST, settings.EMAIL_PORT = ("django.core.mail.backends.smtp.EmailBackend",
+                                                                        "smtp.example.org", 587)
+    assert mail_said() == "e-mail is sent through smtp.example.org:587"
