@@ -83,10 +83,10 @@ def main() -> int:
     from marketplace.products.apikeys import api_key_create
     from scheduler.models import Node
     from scheduler.services import nodes as node_services
-    from tests.factories import UserFactory
+    from tests.factories import ProviderFactory, UserFactory
 
     call_command("migrate", interactive=False, verbosity=0)
-    provider, buyer = UserFactory(username="bench-provider"), UserFactory(username="bench-buyer")
+    provider, buyer = ProviderFactory(username="bench-provider"), UserFactory(username="bench-buyer")
     ledger.post(kind="topup", memo="bench", lines=[(ledger.platform_account("stripe_clearing"), Decimal("-100000")),
                                                    (ledger.account_for(user=buyer, kind="wallet"), Decimal("100000"))])
     tokens = [node_services.node_register(provider=provider, name=f"bench-{i}", price_per_gpu_hour="2.00")[1]

@@ -1,6 +1,7 @@
 """The shared cache of production (REDIS_URL): Django's Redis backend, failing open while Redis is away.
 
-Only the API's throttles use the cache. A Redis restart must not turn every API request into a 500: during it a
+The API's throttles and the per-address log-in and API-key throttles (marketplace/products/accounts/throttle.py)
+use the cache; an account's lock-out is kept in the database and holds while Redis is away. A Redis restart must not turn every API request into a 500: during it a
 read finds nothing and a write is dropped (throttles let requests through for those seconds), with one warning.
 """
 from __future__ import annotations
@@ -46,6 +47,13 @@ class FailOpenRedisCache(RedisCache):
         except _UNREACHABLE as exc:
             self._unreachable(exc)
             return False
+
+    def incr(self, key, delta=1, version=None):
+        try:
+            return super().incr(key, delta, version)
+        except _UNREACHABLE as exc:
+            self._unreachable(exc)
+            return 0
 
     def delete(self, key, version=None):
         try:

@@ -123,6 +123,21 @@ def env_rate(name: str, default: str) -> str:
     return value
 
 
+_MAILBOX = re.compile(r"^[^@\s<>\"]+@[^@\s<>\"]+\.[^@\s<>\"]+$|^[^@\s<>\"]+@localhost$")
+
+
+def env_email(name: str, default: str) -> str:
+    """A sender address, bare or with a display name: "noreply@example.org" or "GPU Market <noreply@example.org>"."""
+    from email.utils import parseaddr
+
+    value = env_str(name, default)
+    display, address = parseaddr(value)
+    if not address or not _MAILBOX.match(address) or (display and "<" not in value):
+        raise ImproperlyConfiguredEnv(name, f"expected an e-mail address (name@example.org, or "
+                                            f"'Name <name@example.org>'), got {value!r}")
+    return value
+
+
 _LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
 
 

@@ -1,15 +1,16 @@
 from django.contrib import admin
-from django.contrib.auth import views as auth_views
 from django.http import JsonResponse
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from marketplace.api.stripe_webhook import stripe_webhook
+from marketplace.views.auth import admin_login
 
 urlpatterns = [
+    # The admin logs in through the console's log-in (one backend, lock-out, throttle and second factor for both).
+    path("admin/login/", admin_login),
     path("admin/", admin.site.urls),
-    path("login/", auth_views.LoginView.as_view(template_name="registration/login.html"), name="login"),
-    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("", include("marketplace.auth_urls")),
     path("api/v1/", include("config.api_urls")),
     path("stripe/webhook/", stripe_webhook, name="stripe-webhook"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),

@@ -410,3 +410,57 @@ class WorkloadRunAdmin(ReadOnlyAdmin):
     readonly_fields = ["lease", "state", "container", "progress", "error", "exit_code", "started_at",
                        "finished_at", "log_bytes", "log_tail"]
     inlines = [PortBindingInline]
+
+
+from marketplace.models import AccountSecurity, ProviderProfile  # noqa: E402
+from marketplace.products.accounts.logins import lock_clear  # noqa: E402
+
+
+@admin.register(ProviderProfile)
+class ProviderProfileAdmin(admin.ModelAdmin):
+    list_display = ["display_name", "user", "payout_country", "terms_version", "terms_accepted_at", "stripe_account_id"]
+    list_filter = ["payout_country", "terms_version"]
+    search_fields = ["display_name", "user__username", "user__email"]
+    list_select_related = ["user"]
+    readonly_fields = ["user", "terms_version", "terms_accepted_at", "created_at"]
+
+
+@admin.register(AccountSecurity)
+class AccountSecurityAdmin(admin.ModelAdmin):
+    """E-mail confirmation and lock-out of each account; an operator can lift a lock."""
+
+    list_display = ["user", "signed_up_at", "email_confirmed_at", "failures", "locked_until", "last_failure_address"]
+    list_filter = ["email_confirmed_at", "locked_until"]
+    search_fields = ["user__username", "user__email", "last_failure_address"]
+    list_select_related = ["user"]
+    readonly_fields = [f.name for f in AccountSecurity._meta.fields]
+    actions = ["unlock"]
+
+    @admin.action(description="Lift the lock-out of the selected accounts")
+    def unlock(self, request, queryset):
+        for row in queryset.select_related("user"):
+            lock_clear(user=row.user)
+        self.message_user(request, f"{queryset.count()} account(s) unlocked", messages.SUCCESS)
+
+
+from django.contrib.auth.admin import UserAdmin  # noqa: E402
+from django.contrib.auth.forms import UserChangeForm  # noqa: E402
+from django.core.exceptions import ValidationError  # noqa: E402
+
+
+class OneAccountPerEmailForm(UserChangeForm):
+    """E-mail addresses are unique whatever their case (a unique index decides): said beside the field, not a 500."""
+
+    def clean_email(self):
+        email = self.cleaned_data.get("email", "")
+        if email and get_user_model().objects.filter(email__iexact=email).exclude(pk=self.instance.pk).exists():
+            raise ValidationError("Another account has this e-mail address.")
+        return email
+
+
+class AccountUserAdmin(UserAdmin):
+    form = OneAccountPerEmailForm
+
+
+admin.site.unregister(get_user_model())
+admin.site.register(get_user_model(), AccountUserAdmin)

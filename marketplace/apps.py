@@ -18,3 +18,10 @@ class MarketplaceConfig(AppConfig):
         from marketplace.money.ledger import forget_account_ids
 
         post_migrate.connect(forget_account_ids, dispatch_uid="ledger.forget_account_ids")
+        # A log-in that passed every factor (console, admin) forgets the account's failed log-ins before it.
+        from django.contrib.auth.signals import user_logged_in
+
+        from marketplace.products.accounts.logins import login_succeeded
+
+        user_logged_in.connect(lambda sender, request, user, **kw: login_succeeded(user=user),
+                               dispatch_uid="accounts.login_succeeded", weak=False)

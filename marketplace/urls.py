@@ -41,8 +41,10 @@ urlpatterns = [
     path("earnings/payout-account/", views.payout_account_connect, name="payout-account"),
     path("earnings/payout-account/refresh/", views.payout_account_refresh, name="payout-account-refresh"),
     path("earnings/payout-account/return/", views.payout_account_return, name="payout-account-return"),
+    path("provider/", views.provider, name="provider"),
     # account
     path("account/", views.account, name="account"),
+    path("account/two-factor/", views.two_factor, name="two-factor"),
     path("account/notifications/", views.notifications_save, name="notifications"),
     path("account/keys/", views.api_key_create, name="api-key-create"),
     path("account/keys/<uuid:key_id>/revoke/", views.api_key_revoke, name="api-key-revoke"),

@@ -29,7 +29,7 @@ class GpuModelAdmin(admin.ModelAdmin):
 class GpuInline(admin.TabularInline):
     model = Gpu
     extra = 0
-    fields = ["index", "uuid", "name", "gpu_model", "mig_enabled", "health", "health_reason", "present"]
+    fields = ["index", "uuid", "name", "gpu_model", "mig_enabled", "health", "cordoned_by", "health_reason", "present"]
     readonly_fields = fields
     can_delete = False
 
@@ -67,8 +67,8 @@ class NodeAdmin(admin.ModelAdmin):
 
 @admin.register(Gpu)
 class GpuAdmin(admin.ModelAdmin):
-    list_display = ["__str__", "uuid", "gpu_model", "mig_enabled", "health", "health_reason", "present"]
-    list_filter = ["health", "mig_enabled", "gpu_model", "present", "node__region"]
+    list_display = ["__str__", "uuid", "gpu_model", "mig_enabled", "health", "cordoned_by", "health_reason", "present"]
+    list_filter = ["health", "cordoned_by", "mig_enabled", "gpu_model", "present", "node__region"]
     search_fields = ["uuid", "name", "node__name"]
     list_select_related = ["node", "gpu_model"]
     readonly_fields = ["uuid", "node", "index", "name", "memory_mib", "mig_geometry"]
@@ -76,13 +76,14 @@ class GpuAdmin(admin.ModelAdmin):
 
     @admin.action(description="Cordon selected GPUs (no new work)")
     def cordon(self, request, queryset):
-        n = sum(health_services.gpu_cordon(gpu_id=g.pk, reason="cordoned by an operator", by=request.user.username)
-                for g in queryset)
+        n = sum(health_services.gpu_cordon(gpu_id=g.pk, reason="cordoned by an operator", by=request.user.username,
+                                           source=Gpu.CordonedBy.OPERATOR) for g in queryset)
         self.message_user(request, f"{n} GPU(s) cordoned", messages.SUCCESS)
 
     @admin.action(description="Uncordon selected GPUs")
     def uncordon(self, request, queryset):
-        n = sum(health_services.gpu_uncordon(gpu_id=g.pk, by=request.user.username) for g in queryset)
+        n = sum(health_services.gpu_uncordon(gpu_id=g.pk, by=request.user.username, source=Gpu.CordonedBy.OPERATOR)
+                for g in queryset)
         self.message_user(request, f"{n} GPU(s) uncordoned", messages.SUCCESS)
 
     @admin.action(description="Release GPU uuid from its dead (offline) node")

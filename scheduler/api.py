@@ -73,7 +73,7 @@ class GpuSerializer(serializers.ModelSerializer):
     class Meta:
         model = Gpu
         fields = ["uuid", "node", "index", "name", "model", "memory_mib", "mig_enabled", "mig_geometry", "health",
-                  "health_reason", "latest"]
+                  "health_reason", "cordoned_by", "latest"]
         read_only_fields = fields
 
     def get_latest(self, gpu: Gpu) -> dict | None:
@@ -165,14 +165,18 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def cordon(self, request, uuid=None):
         gpu = self.get_object()
-        reason = str(request.data.get("reason") or "cordoned by its provider")[:150]
-        health_services.gpu_cordon(gpu_id=gpu.pk, reason=reason, by=request.user.get_username())
+        default = "cordoned by an operator" if request.user.is_staff else "cordoned by its provider"
+        reason = str(request.data.get("reason") or default)[:150]
+        health_services.gpu_cordon(gpu_id=gpu.pk, reason=reason, by=request.user.get_username(),
+                                   source=health_services.cordon_source_of(request.user))
         return Response(GpuSerializer(self.get_queryset().get(pk=gpu.pk)).data)
 
     @action(detail=True, methods=["post"])
     def uncordon(self, request, uuid=None):
         gpu = self.get_object()
-        health_services.gpu_uncordon(gpu_id=gpu.pk, by=request.user.get_username())
+        # A provider lifting an operator's cordon gets 403 (cordoned_by_operator) in the one error shape.
+        health_services.gpu_uncordon(gpu_id=gpu.pk, by=request.user.get_username(),
+                                     source=health_services.cordon_source_of(request.user))
         return Response(GpuSerializer(self.get_queryset().get(pk=gpu.pk)).data)
 
 

@@ -1,4 +1,4 @@
-"""The one port through which the fleet tells the market what happened to capacity, and asks it one thing.
+"""The one port through which the fleet tells the market what happened to capacity, and asks it two things.
 
 The fleet (this app) must not import the market, yet the market has to follow its slices: a lease runs when
 its slice is ready, fails when carving failed, ends when the instance is gone or the node goes offline. The
@@ -33,6 +33,10 @@ class MarketPort(Protocol):
     def slice_holder(self, *, sl: "Slice") -> str | None:
         """Asked before a provider destroys a slice by hand: a sentence naming who holds it, or None."""
 
+    def provider_refusal(self, *, user) -> str | None:
+        """Asked before a node is registered for `user`: a sentence saying why it may not (it has not become a
+        provider, and how to), or None. Roles are the market's (accounts): the fleet only asks."""
+
     def workload_state(self, *, node_id, frame: dict) -> None:
         """The agent reports a container's state (protocol `workload` frame)."""
 
@@ -52,6 +56,7 @@ class _NoMarket:
     def slice_destroyed(self, *, sl, at): return None
     def node_offline(self, *, node_id, at): return None
     def slice_holder(self, *, sl): return None
+    def provider_refusal(self, *, user): return None
     def workload_state(self, *, node_id, frame): return None
     def workload_output(self, *, node_id, frame): return None
     def workloads_found(self, *, node_id, found): return None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from decimal import Decimal
 from pathlib import Path
 
-from config.env import (DbPool, database_from_url, env_bool, env_choice, env_decimal, env_float, env_int,
+from config.env import (DbPool, database_from_url, env_bool, env_choice, env_decimal, env_email, env_float, env_int,
                         env_int_list, env_list, env_log_level, env_rate, env_str, proxy_ssl_header, redis_url)
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -46,6 +46,9 @@ INSTALLED_APPS = [
     "rest_framework",
     "drf_spectacular",
     "channels",
+    "django_otp",  # the optional second factor (TOTP) and its recovery codes: docs/accounts.md
+    "django_otp.plugins.otp_totp",
+    "django_otp.plugins.otp_static",
     "scheduler.apps.SchedulerConfig",
     "marketplace.apps.MarketplaceConfig",
 ]
@@ -93,6 +96,57 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "console:home"
 LOGOUT_REDIRECT_URL = "login"
+# Log in by username or e-mail; refuses locked accounts and throttled addresses (marketplace/backends.py): the
+# console, the admin (which logs in through the console's page) and anything else that calls authenticate().
+AUTHENTICATION_BACKENDS = ["marketplace.backends.AccountBackend"]
+OTP_TOTP_ISSUER = "GPU Market"
+
+# --- Accounts: sign-up, lock-out, throttles (docs/accounts.md) -------------------------------------
+# Reverse proxies in front of the web processes that append the client's address to X-Forwarded-For (one behind
+# deploy/nginx.conf). 0: the connection's own address. Log-in and API-key throttles count per client address,
+# and so do the API's anonymous throttles: behind a proxy left at 0 every client would share the proxy's address.
+NUM_PROXIES = env_int("DJANGO_NUM_PROXIES", 0, minimum=0, maximum=10)
+ACCOUNTS = {
+    # An account is locked for LOCKOUT_SECONDS after LOCKOUT_FAILURES failed log-ins (wrong password or second
+    # factor) within LOCKOUT_WINDOW_SECONDS, and its owner gets an e-mail.
+    "LOCKOUT_FAILURES": env_int("ACCOUNTS_LOCKOUT_FAILURES", 5, minimum=1, maximum=1000),
+    "LOCKOUT_WINDOW_SECONDS": env_int("ACCOUNTS_LOCKOUT_WINDOW_SECONDS", 900, minimum=1, maximum=86400),
+    "LOCKOUT_SECONDS": env_int("ACCOUNTS_LOCKOUT_SECONDS", 900, minimum=1, maximum=7 * 86400),
+    # One client address: failed log-ins (any accounts, known or not) and invalid API keys, each per window.
+    "ADDRESS_LOGIN_FAILURES": env_int("ACCOUNTS_ADDRESS_LOGIN_FAILURES", 20, minimum=1, maximum=10**6),
+    "ADDRESS_API_KEY_FAILURES": env_int("ACCOUNTS_ADDRESS_API_KEY_FAILURES", 20, minimum=1, maximum=10**6),
+    "ADDRESS_WINDOW_SECONDS": env_int("ACCOUNTS_ADDRESS_WINDOW_SECONDS", 600, minimum=1, maximum=86400),
+    # E-mails one client address may have sent per hour: sign-ups, confirmation links again, password resets.
+    "ADDRESS_MAILS_PER_HOUR": env_int("ACCOUNTS_ADDRESS_MAILS_PER_HOUR", 10, minimum=1, maximum=10**6),
+    "CONFIRM_LINK_SECONDS": env_int("ACCOUNTS_CONFIRM_LINK_SECONDS", 3 * 86400, minimum=60, maximum=30 * 86400),
+    # Between the password and the second factor's code.
+    "SECOND_FACTOR_SECONDS": env_int("ACCOUNTS_SECOND_FACTOR_SECONDS", 300, minimum=30, maximum=3600),
+}
+
+# --- E-mail (docs/accounts.md): sign-up links, password resets, lock-out notices -----------------
+# EMAIL_HOST set: SMTP through it. Unset: each message is written as a file under var/mail/ (the demo prints where).
+EMAIL_HOST = env_str("EMAIL_HOST")
+_email_via = env_choice("EMAIL_BACKEND", "smtp" if EMAIL_HOST else "file", ("smtp", "file", "console"))
+if _email_via == "smtp" and not EMAIL_HOST:
+    from config.env import ImproperlyConfiguredEnv
+
+    raise ImproperlyConfiguredEnv("EMAIL_BACKEND", "smtp needs EMAIL_HOST")
+EMAIL_BACKEND = {"smtp": "django.core.mail.backends.smtp.EmailBackend",
+                 "file": "django.core.mail.backends.filebased.EmailBackend",
+                 "console": "django.core.mail.backends.console.EmailBackend"}[_email_via]
+EMAIL_FILE_PATH = str(VAR_DIR / "mail")
+EMAIL_PORT = env_int("EMAIL_PORT", 587, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)  # STARTTLS (port 587)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)  # TLS from the first byte (port 465)
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    from config.env import ImproperlyConfiguredEnv
+
+    raise ImproperlyConfiguredEnv("EMAIL_USE_SSL", "EMAIL_USE_TLS and EMAIL_USE_SSL exclude each other: pick one")
+EMAIL_TIMEOUT = env_float("EMAIL_TIMEOUT", 10.0, minimum=0.5, maximum=300)
+DEFAULT_FROM_EMAIL = env_email("DEFAULT_FROM_EMAIL", "GPU Market <noreply@localhost>")
+SERVER_EMAIL = env_email("SERVER_EMAIL", DEFAULT_FROM_EMAIL)
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
@@ -225,6 +279,7 @@ REST_FRAMEWORK = {
     "DEFAULT_THROTTLE_RATES": {"user": env_rate("API_THROTTLE_USER", "6000/min"),
                                "anon": env_rate("API_THROTTLE_ANON", "120/min")},
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
+    "NUM_PROXIES": NUM_PROXIES,
 }
 SPECTACULAR_SETTINGS = {"TITLE": "GPU Market API", "VERSION": "1.0.0",
                         "DESCRIPTION": "Fleet, catalog and market API of GPU Market.",

@@ -1,10 +1,11 @@
-"""The market's side of the fleet port (scheduler/ports.py): fleet facts move leases, and a slice a buyer's
-open lease holds is not the provider's to destroy by hand. Registered in MarketplaceConfig.ready()."""
+"""The market's side of the fleet port (scheduler/ports.py): fleet facts move leases, a slice a buyer's open lease
+holds is not the provider's to destroy by hand, and only providers (and operators) register nodes. Registered in
+MarketplaceConfig.ready()."""
 from __future__ import annotations
 
 from datetime import datetime
 
-from marketplace.models import Lease
+from marketplace.models import Lease, ProviderProfile
 
 from . import leases
 
@@ -39,3 +40,9 @@ class FleetFacts:
         if lease is None:
             return None
         return f"this slice runs a buyer's lease ({str(lease.pk)[:8]}, {lease.get_state_display()})"
+
+    def provider_refusal(self, *, user) -> str | None:
+        if ProviderProfile.role_of(user):
+            return None
+        return ("only providers register nodes: become one first on the Provider page (/provider/), where you "
+                "accept the provider terms and say where your payouts go")

@@ -1,9 +1,9 @@
 """Market models, split by domain: accounts (API keys), billing (money), market (orders, leases, ...)."""
-from .accounts import ApiKey, NotificationSettings, ProviderProfile
+from .accounts import AccountSecurity, ApiKey, NotificationSettings, ProviderProfile
 from .billing import (Account, LedgerCheck, LedgerEntry, LedgerTransaction, Payment, Project, StripeEvent,
                       UsageRecord)
 
-__all__ = ["ApiKey", "NotificationSettings", "ProviderProfile"]
+__all__ = ["AccountSecurity", "ApiKey", "NotificationSettings", "ProviderProfile"]
 __all__ += ["Account", "LedgerCheck", "LedgerEntry", "LedgerTransaction", "Payment", "Project", "StripeEvent", "UsageRecord"]
 from .market import (Interruption, Lease, Mode, Order, Reservation, ResaleListing, SpotBid,  # noqa: E402
                      SpotPrice)

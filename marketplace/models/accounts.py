@@ -1,5 +1,6 @@
-"""Accounts side of the market: API keys (stored hashed, shown once, with scopes), notification settings and
-the provider profile (the explicit step that makes an account a provider)."""
+"""Accounts side of the market: API keys (stored hashed, shown once, with scopes), notification settings, the
+provider profile (the explicit step that makes an account a provider) and each account's e-mail confirmation and
+log-in lock-out (docs/accounts.md)."""
 import uuid
 
 from django.conf import settings
@@ -63,3 +64,42 @@ class ProviderProfile(models.Model):
 
     def __str__(self) -> str:
         return f"provider {self.display_name}"
+
+    @staticmethod
+    def of(user) -> "ProviderProfile | None":
+        """The provider profile of `user` (a user or its id), or None."""
+        return ProviderProfile.objects.filter(user_id=getattr(user, "pk", user)).first()
+
+    @staticmethod
+    def role_of(user) -> bool:
+        """Whether `user` may register nodes: a provider, or an operator (staff keep their powers)."""
+        if not getattr(user, "is_authenticated", False):
+            return False
+        return bool(user.is_staff) or ProviderProfile.objects.filter(user_id=user.pk).exists()
+
+
+class AccountSecurity(models.Model):
+    """An account's e-mail confirmation and its log-in lock-out. Accounts made by an operator or a seed have no row
+    until their first failed log-in; a row whose `signed_up_at` is set and `email_confirmed_at` is not belongs to
+    an account that signed up and has not followed its link yet (it is inactive meanwhile)."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, related_name="security", on_delete=models.CASCADE)
+    signed_up_at = models.DateTimeField(null=True, blank=True, help_text="empty: not made by the sign-up form")
+    email_confirmed_at = models.DateTimeField(null=True, blank=True)
+    # Failed log-ins (wrong password or code) counted since `failures_since`; past the limit within the window
+    # the account is locked until `locked_until` (marketplace/products/accounts/policy.py).
+    failures = models.PositiveIntegerField(default=0)
+    failures_since = models.DateTimeField(null=True, blank=True)
+    locked_until = models.DateTimeField(null=True, blank=True)
+    last_failure_address = models.CharField(max_length=64, blank=True)
+
+    class Meta:
+        verbose_name = "account security"
+        verbose_name_plural = "account security"
+
+    def __str__(self) -> str:
+        return f"security of {self.user_id}"
+
+    @property
+    def awaits_confirmation(self) -> bool:
+        return self.signed_up_at is not None and self.email_confirmed_at is None

@@ -1,4 +1,5 @@
-"""Demo data: a provider, a buyer and an operator, and the provider's simulated nodes with fresh tokens."""
+"""Demo data: a provider (with its provider profile), a buyer and an operator, and the provider's simulated nodes
+with fresh tokens."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -8,6 +9,7 @@ from django.contrib.auth import get_user_model
 from django.db import transaction
 
 from marketplace.money import movements
+from marketplace.products.accounts.providers import PROVIDER_TERMS_VERSION, provider_onboard
 from scheduler.models import Node
 from scheduler.services import nodes as node_services
 
@@ -48,6 +50,9 @@ def demo_seed(*, public_address: str = "127.0.0.1") -> list[tuple[DemoNode, Node
             user.is_staff = user.is_superuser = staff
             user.save()
             users[username] = user
+        # The provider took the provider step (terms, payout country) like any provider must before registering.
+        provider_onboard(user=users["provider"], display_name="Demo GPU Hosting", payout_country="US",
+                         terms_accepted=True, terms_version=PROVIDER_TERMS_VERSION)
         out = []
         for spec in DEMO_NODES:
             node = Node.objects.filter(provider=users["provider"], name=spec.name).first()

@@ -1,6 +1,6 @@
 """Console pages, by domain. Thin: parse input, call a selector or service, render."""
 from .account import (account, api_key_create, api_key_revoke, notifications_save, project_create,  # noqa: F401
-                      project_delete, ssh_key_add, ssh_key_delete)
+                      project_delete, ssh_key_add, ssh_key_delete, two_factor)
 from .billing import balance_fragment, billing, statement_csv, topup  # noqa: F401
 from .catalog import catalog, unit_detail  # noqa: F401
 from .earnings import (earnings, payout_account_connect, payout_account_refresh, payout_account_return,  # noqa: F401
@@ -9,4 +9,5 @@ from .fleet import (gpu_health, home, node_detail, node_drain, node_gpus_fragmen
                     node_settings, nodes)
 from .leases import jobs, lease_detail, lease_end, lease_facts, lease_logs, leases, order_cancel  # noqa: F401
 from .orders import order, order_preview  # noqa: F401
+from .provider import provider  # noqa: F401
 from .resale import list_for_resale, listing_cancel, resale_buy, resale_market, reservations  # noqa: F401

@@ -1,4 +1,5 @@
-"""Account pages: API keys (created, shown once, revoked), SSH keys, projects and notification settings."""
+"""Account pages: API keys (created, shown once, revoked), SSH keys, projects, notification settings, the password
+and the optional second factor (TOTP)."""
 from __future__ import annotations
 
 from django.contrib import messages
@@ -6,11 +7,17 @@ from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
+from base64 import b32encode
+
+import segno
+
 from marketplace import notifications
-from marketplace.models import ApiKey, Project, SshKey
+from marketplace.models import ApiKey, Project, ProviderProfile, SshKey
 from marketplace.products import apikeys, projects, workloads
+from marketplace.products.accounts import totp
 from scheduler.errors import DomainError
 
+from ..account_forms import CodeForm
 from ..forms import ApiKeyForm, NotificationSettingsForm, ProjectForm, SshKeyForm
 from .common import add_domain_error, mark_invalid
 
@@ -21,9 +28,25 @@ def _notification_form(user) -> NotificationSettingsForm:
         "webhook_url": row.webhook_url, **{kind: getattr(row, kind) for kind in row.KINDS}})
 
 
+def _two_factor(user, form=None, recovery_codes=None) -> dict:
+    """The second factor's section: on or off, the key being set up (QR code, otpauth:// URI, the key to type)."""
+    pending = None if totp.totp_enabled(user) else totp.totp_pending(user)
+    setup = None
+    if pending is not None:
+        uri = pending.config_url
+        key = b32encode(pending.bin_key).decode()
+        setup = {"uri": uri, "qr": segno.make(uri, error="m").svg_data_uri(scale=4, border=2),
+                 "key": " ".join(key[i:i + 4] for i in range(0, len(key), 4))}
+    return {"totp_on": pending is None and totp.totp_enabled(user), "totp_setup": setup,
+            "recovery_left": totp.recovery_codes_left(user), "recovery_codes": recovery_codes,
+            "totp_form": form or CodeForm(prefix="totp")}
+
+
 def _page(request, *, key_form=None, project_form=None, notification_form=None, ssh_form=None, secret=None,
-          new_key=None, status=200):
+          new_key=None, totp_form=None, recovery_codes=None, status=200):
     return render(request, "console/account.html", {
+        **_two_factor(request.user, totp_form, recovery_codes),
+        "provider_profile": ProviderProfile.of(request.user),
         "ssh_keys": SshKey.objects.filter(user=request.user), "ssh_form": ssh_form or SshKeyForm(prefix="ssh"),
         "notification_form": notification_form or _notification_form(request.user),
         "keys": ApiKey.objects.filter(user=request.user).order_by("-created_at"),
@@ -131,3 +154,34 @@ def ssh_key_delete(request, key_id):
     else:
         messages.success(request, "SSH key removed: containers started from now on do not have it.")
     return redirect("/account/#ssh-keys")
+
+
+@login_required
+@require_POST
+def two_factor(request):
+    """Turn the second factor on (a key, then a code from the app), off (a code), or make new recovery codes."""
+    action, user = request.POST.get("action"), request.user
+    if action == "begin":
+        try:
+            totp.totp_begin(user=user)
+        except DomainError as exc:
+            messages.error(request, exc.message)
+        return redirect("/account/#two-factor")
+    form = CodeForm(request.POST, prefix="totp")
+    acts = {"confirm": totp.totp_confirm, "disable": totp.totp_disable, "recovery": totp.recovery_codes_renew}
+    if action not in acts:
+        messages.error(request, "Choose what to do with two-factor authentication.")
+        return redirect("/account/#two-factor")
+    if form.is_valid():
+        try:
+            codes = acts[action](user=user, code=form.cleaned_data["code"])
+        except DomainError as exc:
+            add_domain_error(form, exc)
+        else:
+            if action == "disable":
+                messages.success(request, "Two-factor authentication is off: your password alone logs you in.")
+                return redirect("/account/#two-factor")
+            # Recovery codes are in this response only, like a new API key.
+            return _page(request, recovery_codes=codes)
+    mark_invalid(form)
+    return _page(request, totp_form=form, status=400)

@@ -6,8 +6,10 @@ from django.contrib.auth.decorators import login_required
 from django.db import transaction
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from marketplace.models import ProviderProfile
 from scheduler import selectors as fleet_selectors
 from scheduler.errors import DomainError
 from scheduler.models import Node
@@ -25,7 +27,8 @@ def home(request):
 @login_required
 def nodes(request):
     return render(request, "console/nodes.html", {"nodes": fleet_selectors.node_list(user=request.user),
-                                                  "earnings": earnings_summary(request.user), "nav": "nodes"})
+                                                  "earnings": earnings_summary(request.user), "nav": "nodes",
+                                                  "is_provider": ProviderProfile.role_of(request.user)})
 
 
 def _node_or_404(request, node_id) -> Node:
@@ -91,13 +94,19 @@ def gpu_health(request, node_id, gpu_id):
     if gpu is None:
         raise Http404("no such GPU on this node")
     action = request.POST.get("action")
+    source = health_services.cordon_source_of(request.user)
     if action == "cordon":
-        reason = (request.POST.get("reason") or "").strip()[:150] or "cordoned by its provider"
-        health_services.gpu_cordon(gpu_id=gpu.pk, reason=reason, by=request.user.get_username())
+        default = "cordoned by an operator" if request.user.is_staff else "cordoned by its provider"
+        reason = (request.POST.get("reason") or "").strip()[:150] or default
+        health_services.gpu_cordon(gpu_id=gpu.pk, reason=reason, by=request.user.get_username(), source=source)
         messages.success(request, f"gpu{gpu.index} is cordoned: no new work is placed on it.")
     elif action == "uncordon":
-        health_services.gpu_uncordon(gpu_id=gpu.pk, by=request.user.get_username())
-        messages.success(request, f"gpu{gpu.index} is back in service.")
+        try:
+            health_services.gpu_uncordon(gpu_id=gpu.pk, by=request.user.get_username(), source=source)
+        except DomainError as exc:
+            messages.error(request, exc.message[:1].upper() + exc.message[1:] + ".")
+        else:
+            messages.success(request, f"gpu{gpu.index} is back in service.")
     else:
         messages.error(request, "Choose cordon or uncordon.")
     if is_htmx(request):
@@ -121,6 +130,9 @@ def node_drain(request, node_id):
 
 @login_required
 def node_register(request):
+    if not ProviderProfile.role_of(request.user):
+        messages.info(request, "Only providers register nodes: become one first (it takes a minute).")
+        return redirect(f"{reverse('console:provider')}?next={reverse('console:node-register')}")
     form = NodeRegisterForm(request.POST or None)
     if request.method == "POST" and form.is_valid():
         try:

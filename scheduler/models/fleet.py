@@ -111,6 +111,14 @@ class Gpu(models.Model):
     mig_geometry = models.JSONField(null=True, blank=True)
     health = models.CharField(max_length=10, choices=Health.choices, default=Health.HEALTHY, db_index=True)
     health_reason = models.CharField(max_length=200, blank=True)
+
+    class CordonedBy(models.TextChoices):
+        HEALTH = "health", "the health check"
+        PROVIDER = "provider", "its provider"
+        OPERATOR = "operator", "an operator"
+
+    # Who cordoned it (empty while it is in service): an operator's cordon is lifted only by an operator.
+    cordoned_by = models.CharField(max_length=10, choices=CordonedBy.choices, blank=True)
     present = models.BooleanField(default=True, help_text="false once the agent stops reporting this GPU")
 
     class Meta:

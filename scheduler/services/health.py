@@ -1,4 +1,4 @@
-"""GPU health: thresholds that cordon a GPU, and cordon/uncordon by operators."""
+"""GPU health: thresholds that cordon a GPU, and cordon/uncordon by hand (its provider or an operator)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import transaction
 
+from scheduler.errors import PermissionDenied
 from scheduler.models import Gpu, HealthEvent
 
 from .events import announce_node, tell_agent_uncordoned
@@ -60,26 +61,48 @@ def sample_violations(sample: dict, thresholds: Thresholds, *, previous_dbe: flo
     return reasons
 
 
-def gpu_cordon(*, gpu_id: int, reason: str, by: str = "health check") -> bool:
-    """Cordon a GPU (no new work is placed on it); True if it changed. Idempotent."""
+def cordon_source_of(user) -> str:
+    """Who a person cordoning or uncordoning by hand is: an operator (staff), else the GPU's provider."""
+    return Gpu.CordonedBy.OPERATOR if user.is_staff else Gpu.CordonedBy.PROVIDER
+
+
+def gpu_cordon(*, gpu_id: int, reason: str, by: str = "health check",
+               source: str = Gpu.CordonedBy.HEALTH) -> bool:
+    """Cordon a GPU (no new work is placed on it); True if it changed. Idempotent. An operator's cordon takes over
+    a GPU the health check or its provider cordoned (so the provider cannot lift it); other cordons leave a
+    cordoned GPU as it is."""
     with transaction.atomic():
-        changed = Gpu.objects.filter(pk=gpu_id).exclude(health=Gpu.Health.CORDONED).update(
-            health=Gpu.Health.CORDONED, health_reason=f"{reason} ({by})"[:200])
+        rows = Gpu.objects.filter(pk=gpu_id)
+        if source == Gpu.CordonedBy.OPERATOR:
+            rows = rows.exclude(health=Gpu.Health.CORDONED, cordoned_by=Gpu.CordonedBy.OPERATOR)
+        else:
+            rows = rows.exclude(health=Gpu.Health.CORDONED)
+        changed = rows.update(health=Gpu.Health.CORDONED, health_reason=f"{reason} ({by})"[:200], cordoned_by=source)
         if changed:
             gpu = Gpu.objects.select_related("node").get(pk=gpu_id)
             HealthEvent.objects.create(node=gpu.node, gpu=gpu, kind="cordon", message=f"cordoned: {reason}",
-                                       detail={"by": by})
+                                       detail={"by": by, "source": source})
             transaction.on_commit(lambda: announce_node(gpu.node_id, {"gpu": gpu.uuid, "health": "cordoned"}))
     return bool(changed)
 
 
-def gpu_uncordon(*, gpu_id: int, by: str = "operator") -> bool:
+def gpu_uncordon(*, gpu_id: int, by: str, source: str) -> bool:
+    """Put a GPU back in service; True if it changed. A GPU an operator cordoned is put back only by an operator
+    (PermissionDenied for its provider, saying so)."""
     with transaction.atomic():
-        changed = Gpu.objects.filter(pk=gpu_id).exclude(health=Gpu.Health.HEALTHY).update(
-            health=Gpu.Health.HEALTHY, health_reason="")
+        rows = Gpu.objects.filter(pk=gpu_id).exclude(health=Gpu.Health.HEALTHY)
+        if source != Gpu.CordonedBy.OPERATOR:
+            rows = rows.exclude(cordoned_by=Gpu.CordonedBy.OPERATOR)
+        # Compare-and-set: an operator's cordon landing at the same moment is not lifted by the provider's click.
+        changed = rows.update(health=Gpu.Health.HEALTHY, health_reason="", cordoned_by="")
+        gpu = Gpu.objects.select_related("node").get(pk=gpu_id)
+        if not changed and gpu.health != Gpu.Health.HEALTHY and gpu.cordoned_by == Gpu.CordonedBy.OPERATOR:
+            raise PermissionDenied(f"gpu{gpu.index} was cordoned by an operator ({gpu.health_reason}): only an "
+                                   f"operator can put it back in service; contact the operators",
+                                   code="cordoned_by_operator")
         if changed:
-            gpu = Gpu.objects.select_related("node").get(pk=gpu_id)
-            HealthEvent.objects.create(node=gpu.node, gpu=gpu, kind="uncordon", message=f"uncordoned by {by}")
+            HealthEvent.objects.create(node=gpu.node, gpu=gpu, kind="uncordon", message=f"uncordoned by {by}",
+                                       detail={"by": by, "source": source})
             transaction.on_commit(lambda: announce_node(gpu.node_id, {"gpu": gpu.uuid, "health": "healthy"}))
             transaction.on_commit(lambda: tell_agent_uncordoned(gpu.node_id, gpu.uuid))
     return bool(changed)

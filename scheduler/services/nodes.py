@@ -29,7 +29,15 @@ CONNECTION_EVENTS = ("connected", "reconnected", "disconnected")
 
 def node_register(*, provider, name: str, region: str = "eu-west",
                   price_per_gpu_hour: Decimal | str | None = None) -> tuple[Node, str]:
-    """Create a node for `provider`; returns the node and its agent token (shown once, only its hash is kept)."""
+    """Create a node for `provider`; returns the node and its agent token (shown once, only its hash is kept).
+
+    Only providers register nodes. The rule is checked here, in the one service every way in calls (console, API,
+    scripts, the demo's seed), not in each interface; roles belong to the market's accounts, which the fleet must
+    not import, so it asks through its port (scheduler/ports.py), as it asks who holds a slice. Without a market
+    (the fleet alone) nobody is refused."""
+    refusal = market().provider_refusal(user=provider)
+    if refusal:
+        raise PermissionDenied(refusal, code="not_a_provider")
     name = (name or "").strip()
     if not name or len(name) > MAX_NAME:
         raise DomainError(f"a node needs a name of 1 to {MAX_NAME} characters", field="name")

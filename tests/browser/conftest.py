@@ -1,6 +1,7 @@
 """Browser tests: Playwright driving Debian's Chromium (never a downloaded browser) against a live stack —
-uvicorn, Celery worker and beat, real simulated agent processes and a local fake Stripe (localstripe) — on
-loopback with its own SQLite database. One stack per session; each test logs in its own users.
+uvicorn, Celery worker and beat, real simulated agent processes, a local fake Stripe (localstripe) and a local SMTP
+server the stack sends its e-mails to (`stack.mailbox`) — on loopback with its own SQLite database. One stack per
+session; each test logs in its own users.
 
 Each test leaves a screenshot in var/screenshots/<test name>.png (the README shows copies of two of them,
 kept in docs/screenshots/).
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.e2e.livestack import LiveStack, ROOT, wait_until
+from tests.mailserver import smtp_server
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -45,15 +47,24 @@ def pytest_collection_modifyitems(config, items):
 
 
 class BrowserStack(LiveStack):
-    """The e2e live stack with its local fake Stripe, plus a few users with passwords."""
+    """The e2e live stack with its local fake Stripe, an SMTP server and a few users with passwords."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, stripe=True, **kwargs)
 
     def start(self) -> "BrowserStack":
+        self._smtp = smtp_server()
+        self.mailbox, smtp_port = self._smtp.__enter__()
+        self.env.update({"EMAIL_HOST": "127.0.0.1", "EMAIL_PORT": str(smtp_port)})
         super().start()
         self._run("manage.py", "shell", "-c", SEED_USERS % (json.dumps(USERS), PASSWORD))
         return self
+
+    def stop(self) -> None:
+        super().stop()
+        if getattr(self, "_smtp", None) is not None:
+            self._smtp.__exit__(None, None, None)
+            self._smtp = None
 
 
 @pytest.fixture(scope="session")

@@ -1,5 +1,6 @@
-"""A provider registers a node in the browser, starts the agent with the command the page shows, and watches
-the node come online with its GPUs and live charts that move."""
+"""An account becomes a provider in the browser (the provider terms, a display name, the payout country), registers
+a node, starts the agent with the command the page shows, and watches the node come online with its GPUs and live
+charts that move."""
 from __future__ import annotations
 
 import shlex
@@ -19,7 +20,19 @@ def samples(page) -> int:
 def test_a_provider_registers_a_node_starts_the_agent_and_sees_it_online_with_moving_charts(stack, new_page, request):
     page = new_page()
     login(page, "prov-dan")
+    # Not a provider yet: registering a node starts with the provider step, then comes back.
     page.get_by_role("link", name="Register a node").first.click()
+    page.wait_for_url("**/provider/?next=/nodes/register/")
+    assert page.locator("#terms-version").inner_text().startswith("version ")
+    page.get_by_label("Display name").fill("Dan's GPU rack")
+    page.get_by_label("Payout country").select_option("SE")
+    page.get_by_role("button", name="Become a provider").click()
+    page.locator("#id_terms_accepted_error").wait_for()  # the terms were not accepted: said beside the box
+    page.get_by_label("I have read and accept the provider terms").check()
+    screenshot(page, request, "-provider-step")
+    page.get_by_role("button", name="Become a provider").click()
+    page.wait_for_url("**/nodes/register/")
+    assert "You are a provider now" in page.locator(".flash").inner_text()
     page.get_by_label("Name").fill("dan-rack-1")
     page.get_by_label("Region").fill("eu-north")
     page.get_by_role("button", name="Register").click()

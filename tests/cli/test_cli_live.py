@@ -192,7 +192,7 @@ def test_an_on_demand_container_from_order_to_end(gpum, stack):
     assert [x["id"] for x in gpum.json("leases", key=key)] == [lease["id"]]
     shown = gpum("lease", "show", lease["id"][:5], key=key).stdout
     assert re.search(rf"^ssh\s+{re.escape(conn['ssh'])}    \(gpum ssh {lease_id}\)$", shown, re.M)
-    assert re.search(rf"^state\s+running$", shown, re.M) and re.search(r"^container\s+running$", shown, re.M)
+    assert re.search(r"^state\s+running$", shown, re.M) and re.search(r"^container\s+running$", shown, re.M)
     assert re.search(rf"^CUDA_VISIBLE_DEVICES\s+{re.escape(conn['device_uuid'])}$", shown, re.M)
 
     # The kept output, and the same followed live until the lease ends.

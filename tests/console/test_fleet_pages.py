@@ -11,14 +11,14 @@ from scheduler.models import Node
 from scheduler.services import nodes as node_services
 from scheduler.services import slices as slice_services
 from tests.agentframes import hello_from, sim_backend
-from tests.factories import UserFactory, node_with_token
+from tests.factories import ProviderFactory, UserFactory, node_with_token
 
 pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture
 def provider(client):
-    user = UserFactory(username="prov")
+    user = ProviderFactory(username="prov")
     client.force_login(user)
     return user
 
@@ -32,7 +32,7 @@ def test_logging_in_with_a_wrong_password_shows_an_error_and_keeps_the_username(
     UserFactory(username="alice")
     r = client.post("/login/", {"username": "alice", "password": "wrong"})
     assert r.status_code == 200
-    assert b"Please enter a correct username and password" in r.content
+    assert b"Wrong username, e-mail or password." in r.content
     assert b'value="alice"' in r.content
 
 

@@ -5,17 +5,17 @@ import re
 
 import pytest
 
-from tests.factories import UserFactory
+from tests.factories import ProviderFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
 PAGES = ["/nodes/", "/nodes/register/", "/catalog/", "/leases/", "/reservations/", "/resale/", "/billing/",
-         "/account/", "/earnings/"]
+         "/account/", "/earnings/", "/provider/", "/password/change/"]
 
 
 @pytest.mark.parametrize("path", PAGES)
 def test_each_page_has_a_plain_text_title(client, path):
-    client.force_login(UserFactory())
+    client.force_login(ProviderFactory())
     r = client.get(path)
     assert r.status_code == 200
     title = re.search(r"<title>(.*?)</title>", r.content.decode(), re.S).group(1)

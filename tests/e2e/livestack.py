@@ -31,10 +31,13 @@ def session_for(user):
 SEED = SESSION + r"""
 import json
 from django.contrib.auth import get_user_model
+from marketplace.products.accounts.providers import PROVIDER_TERMS_VERSION, provider_onboard
 from marketplace.products.apikeys import api_key_create
 from scheduler.services.nodes import node_register
 spec = json.loads(%r)
 user = get_user_model().objects.create_user("e2e-provider", password="e2e-password")
+provider_onboard(user=user, display_name="e2e provider", payout_country="DE", terms_accepted=True,
+                 terms_version=PROVIDER_TERMS_VERSION)
 nodes = []
 for name, simulate in spec:
     node, token = node_register(provider=user, name=name)

@@ -10,7 +10,7 @@ from marketplace.products.apikeys import api_key_create, api_key_revoke
 from scheduler.models import Node, Slice
 from scheduler.services import nodes as node_services
 from tests.agentframes import hello_from, sim_backend
-from tests.factories import UserFactory, node_with_token
+from tests.factories import ProviderFactory, UserFactory, node_with_token
 
 pytestmark = pytest.mark.django_db
 
@@ -22,7 +22,7 @@ def client_for(user) -> APIClient:
 
 
 def test_registering_a_node_returns_its_token_once_with_the_agent_command():
-    user = UserFactory()
+    user = ProviderFactory()
     c = client_for(user)
     r = c.post("/api/v1/nodes/", {"name": "rack1-h100", "region": "us-east", "price_per_gpu_hour": "2.5"},
                format="json")

@@ -15,7 +15,7 @@ from scheduler.services import nodes as node_services
 from scheduler.services import slices as slice_services
 from scheduler.services.tokens import token_hash
 from tests.agentframes import hello_from, sim_backend
-from tests.factories import UserFactory, node_with_token
+from tests.factories import ProviderFactory, UserFactory, node_with_token
 
 pytestmark = pytest.mark.django_db
 
@@ -48,7 +48,7 @@ def test_rotating_a_token_stops_the_old_one():
     ({"name": "ok", "price_per_gpu_hour": "abc"}, "price_per_gpu_hour"),
 ])
 def test_registration_refuses_bad_input_and_writes_nothing(kwargs, field):
-    user = UserFactory()
+    user = ProviderFactory()
     with pytest.raises(DomainError) as err:
         node_services.node_register(provider=user, **kwargs)
     assert err.value.field == field
@@ -56,7 +56,7 @@ def test_registration_refuses_bad_input_and_writes_nothing(kwargs, field):
 
 
 def test_the_same_provider_cannot_register_two_nodes_with_one_name():
-    user = UserFactory()
+    user = ProviderFactory()
     node_services.node_register(provider=user, name="rack1")
     with pytest.raises(Conflict):
         node_services.node_register(provider=user, name="rack1")
@@ -254,8 +254,8 @@ def test_cordon_and_uncordon_are_idempotent_and_logged():
     assert not health_services.gpu_cordon(gpu_id=gpu.pk, reason="again", by="op")
     gpu.refresh_from_db()
     assert gpu.health == Gpu.Health.CORDONED and "fan failure" in gpu.health_reason
-    assert health_services.gpu_uncordon(gpu_id=gpu.pk)
-    assert not health_services.gpu_uncordon(gpu_id=gpu.pk)
+    assert health_services.gpu_uncordon(gpu_id=gpu.pk, by="op", source=Gpu.CordonedBy.OPERATOR)
+    assert not health_services.gpu_uncordon(gpu_id=gpu.pk, by="op", source=Gpu.CordonedBy.OPERATOR)
     assert list(HealthEvent.objects.filter(gpu=gpu).order_by("created_at").values_list("kind", flat=True)) == [
         "cordon", "uncordon"]
 

@@ -406,7 +406,7 @@ async def test_an_operators_uncordon_holds_across_an_agent_reconnect_until_new_e
     await INGEST.flush()
     gpu = await sync_to_async(Gpu.objects.get)(uuid=gpu_uuid)
     assert gpu.health == Gpu.Health.CORDONED
-    await sync_to_async(health_services.gpu_uncordon)(gpu_id=gpu.pk)
+    await sync_to_async(health_services.gpu_uncordon)(gpu_id=gpu.pk, by="op", source="operator")
     await comm.disconnect()
     comm = await connect_agent(token, backend)  # e.g. the web process restarted
     for _ in range(3):  # the same (volatile) count: nothing new happened to the memory

@@ -14,6 +14,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from marketplace.management import localstripe
 from marketplace.management.supervisor import Child, Supervisor, command_line
+from marketplace.products.accounts.mail import where_unsent_mail_goes
 from marketplace.products.demo import DEMO_USERS, demo_seed
 
 
@@ -40,6 +41,14 @@ def _loopback(host: str) -> str:
 
 
 DEMO_PAYOUTS = {"PAYOUT_TRANSFERS": "simulated", "PAYOUT_HOLD_DAYS": "0", "PAYOUT_MINIMUM": "1.00"}
+
+
+def mail_said() -> str:
+    """Where the demo's e-mails (sign-up links, password resets) go, so a visitor can follow the link."""
+    where = where_unsent_mail_goes()
+    if where is None:
+        return f"e-mail is sent through {settings.EMAIL_HOST}:{settings.EMAIL_PORT}"
+    return f"e-mail is not sent: {where} (open it for the confirmation link; set EMAIL_HOST to send mail)"
 
 
 class Command(BaseCommand):
@@ -142,6 +151,7 @@ class Command(BaseCommand):
                 if supervisor.base_env["PAYOUT_TRANSFERS"] == "simulated":
                     self.stdout.write("  payouts: approved in the admin, paid by a simulated transfer (no Stripe Connect"
                                       " in the demo)")
+            self.stdout.write(f"  sign up at {url}signup/: {mail_said()}")
             self.stdout.write(f"  API docs: {url}api/docs/   logs: {logs}/\nPress Ctrl-C to stop everything.\n")
             try:
                 while True:

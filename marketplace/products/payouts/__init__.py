@@ -30,7 +30,7 @@ def transfers_simulated() -> bool:
 
 def provider_profile(user) -> ProviderProfile:
     """The user's provider profile; PermissionDenied (not_a_provider) for an account that is not a provider."""
-    profile = ProviderProfile.objects.filter(user_id=getattr(user, "pk", user)).first()
+    profile = ProviderProfile.of(user)
     if profile is None:
         raise PermissionDenied("Payouts are for providers: become a provider (accept the provider terms and say "
                                "where payouts go) first.", code="not_a_provider")
