@@ -94,7 +94,7 @@ def test_node_owners_from_before_the_role_become_providers_asked_to_accept_the_t
     """The data migration's step, run on today's tables: an owner of nodes gets a profile, others none."""
     from importlib import import_module
 
-    step = import_module("marketplace.migrations.0015_account_security").node_owners_become_providers
+    step = import_module("marketplace.migrations.0016_account_security").node_owners_become_providers
     owner, buyer = UserFactory(username="old-owner"), UserFactory()
     Node.objects.create(provider=owner, name="legacy", token_hash="x" * 64, token_prefix="gpm_node_xxx")
     step(apps, None)
