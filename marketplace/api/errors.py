@@ -4,7 +4,7 @@ from __future__ import annotations
 from django.core.exceptions import ObjectDoesNotExist
 from django.db import OperationalError
 from django.http import Http404
-from rest_framework import exceptions, status
+from rest_framework import exceptions, serializers, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_handler
 
@@ -48,3 +48,17 @@ def exception_handler(exc, context):
     else:
         response.data = {"error": {"code": code if isinstance(code, str) else "error", "message": _flatten(response.data.get("detail", response.data))}}
     return response
+
+
+class ErrorDetailSerializer(serializers.Serializer):
+    code = serializers.CharField(help_text="machine-readable, e.g. not_found, invalid, window_started")
+    message = serializers.CharField(help_text="a sentence for the person using the script")
+    fields = serializers.DictField(child=serializers.ListField(child=serializers.CharField()), required=False,
+                                   help_text="per input field, its messages")
+    details = serializers.DictField(required=False, help_text="numbers behind the message, as strings")
+
+
+class ErrorSerializer(serializers.Serializer):
+    """The one error body of the API (for the OpenAPI schema)."""
+
+    error = ErrorDetailSerializer()

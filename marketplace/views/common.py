@@ -1,7 +1,11 @@
-"""Helpers shared by the console views: forms that show errors beside their fields, domain errors on forms."""
+"""Helpers shared by the console views: forms that show errors beside their fields, domain errors on forms, the
+confirmation every destructive action asks for."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from django import forms
+from django.shortcuts import render
 
 from scheduler.errors import DomainError
 
@@ -23,3 +27,25 @@ def add_domain_error(form: forms.BaseForm, exc: DomainError, *, fields: dict | N
 
 def is_htmx(request) -> bool:
     return request.headers.get("HX-Request") == "true"
+
+
+@dataclass
+class Confirm:
+    """A destructive action's question: `title` ("End lease 4e6243f6?"), what it does (`points`, in the person's
+    words), the button (`action`), the way out (`keep`, back to `back`), hidden `fields` posted with it; `refused`:
+    why it cannot be done (the page then only offers the way out)."""
+
+    title: str
+    points: list[str]
+    action: str
+    back: str
+    keep: str = "Cancel"
+    fields: dict = field(default_factory=dict)
+    refused: str = ""
+
+
+def confirm_page(request, confirm: Confirm):
+    """The confirmation page (templates/console/confirm.html): GET on a destructive action's address shows it,
+    changing nothing; its button POSTs to the same address, where the view acts."""
+    confirm.points = [p for p in confirm.points if p]
+    return render(request, "console/confirm.html", {"confirm": confirm}, status=409 if confirm.refused else 200)
