@@ -40,8 +40,10 @@ def usd(value, places: int = 2) -> str:
         d = Decimal(str(value))
         places = int(places)
         shown = d.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
-        for finer in (4, 6):
-            if places == 2 and not shown and d:
+        if places == 2:
+            for finer in (4, 6):
+                if shown or not d:
+                    break
                 places, shown = finer, d.quantize(Decimal(1).scaleb(-finer), rounding=ROUND_HALF_UP)
     except (ArithmeticError, ValueError, TypeError):
         return str(value)

@@ -250,8 +250,9 @@ class ReservationViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModel
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         r, terms = reservation_services.reservation_cancel(holder=request.user, reservation_id=self.get_object().pk)
-        return Response({"reservation": ReservationSerializer(self.get_queryset().get(pk=r.pk)).data,
-                         "refunded": str(terms.refund), "refunded_share": str(terms.share), "rule": terms.why})
+        return Response(ReservationCancelledSerializer({
+            "reservation": self.get_queryset().get(pk=r.pk), "refunded": terms.refund, "refunded_share": terms.share,
+            "rule": terms.why}).data)
 
     @action(detail=True, methods=["post"], url_path="list-for-resale")
     def list_for_resale(self, request, pk=None):

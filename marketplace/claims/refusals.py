@@ -22,11 +22,12 @@ GROUPS = (
     ("down", ("node offline", "cordoned", "degraded")),
     ("fit", ("needs ", "no slice with", "no ")),  # after "no legal placement": the slice does not exist there
     ("software", ("cuda", "compute capability")),
-    ("image", ("node runs no containers", "image not allowed")),
+    ("containers", ("node runs no containers",)),
+    ("image", ("image not allowed",)),
 )
 SAID = {"price": "priced above it", "taken": "fully taken", "down": "offline or out of service",
         "fit": "without such a slice", "software": "too old a CUDA or GPU for the order",
-        "image": "not running your image"}
+        "containers": "without containers (its server runs none)", "image": "closed to your image by its provider"}
 
 
 def _group(reason: str) -> str | None:

@@ -74,6 +74,13 @@ def _spending(body: dict) -> dict:
     return {"by_project": bars(by_project), "by_model": bars(by_model)}
 
 
+def _without_page(params) -> str:
+    """The page's filters for its pager links (which add their own page)."""
+    params = params.copy()
+    params.pop("page", None)
+    return params.urlencode() + "&" if params else ""
+
+
 @login_required
 def billing(request):
     form = LedgerFilterForm(request.GET or None, user=request.user)
@@ -92,7 +99,7 @@ def billing(request):
         "payments": Payment.objects.filter(user=request.user).order_by("-created_at")[:10],
         "stripe_js": payments.stripe_js_url() if settings.STRIPE_SECRET_KEY else None,
         "stripe_pk": settings.STRIPE_PUBLISHABLE_KEY, "fake_stripe": bool(settings.STRIPE_API_BASE),
-        "query": request.GET.urlencode(), "nav": "billing"}, status=400 if form.errors else 200)
+        "query": request.GET.urlencode(), "nav": "billing", "ledger_query": _without_page(request.GET)}, status=400 if form.errors else 200)
 
 
 @login_required
