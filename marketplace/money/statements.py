@@ -199,4 +199,5 @@ def wallet_activity(*, user, kind: str | None = None, since: datetime | None = N
                        memo=Value(""), project_name=F("project__name"), total=Sum("amount"), postings=Count("id"),
                        lease=F("transaction__lease_id"))
              .values(*columns))
-    return singles.union(usage, all=True).order_by("-at", "-first_at")
+    # Each side unordered (SQLite refuses ORDER BY inside a compound statement), the union ordered.
+    return singles.order_by().union(usage.order_by(), all=True).order_by("-at", "-first_at")

@@ -56,7 +56,12 @@ window.consoleCharts = (function () {
     const u = new uPlot({
       width: width(el), height: opts.height || 170, legend: { show: false },
       tzDate: (ts) => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC"),
-      scales: { x: { time: true, range: (u, lo, hi) => xRange(opts, lo, hi) } },
+      // From the data itself: uPlot widens one point's [t, t] by a day in its own units before asking, which with
+      // seconds is a thousand days.
+      scales: { x: { time: true, range: (u, lo, hi) => {
+        const xs = (u.data && u.data[0]) || [];
+        return xs.length ? xRange(opts, xs[0], xs[xs.length - 1]) : xRange(opts, null, null);
+      } } },
       axes: [
         { stroke: "#64748b", values: (u, splits, ax, space, incr) => {
           const labels = timeLabels(splits, incr);

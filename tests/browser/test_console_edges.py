@@ -157,20 +157,29 @@ def test_a_chart_with_one_point_has_a_sane_x_axis(new_page, seeded, stack):
     page.goto("/catalog/h100-80gb:1g.10gb:eu-west/")
     page.wait_for_function("() => window.consoleCharts && window.uPlot")
     t = 1_790_000_000  # 2026-09-21 14:13:20 UTC
-    ticks = page.evaluate("""(t) => {
-        const el = document.createElement('div'); el.style.width = '600px'; document.body.appendChild(el);
+    page.evaluate("""(t) => {
+        const el = document.createElement('div'); el.id = 'one-point'; el.style.width = '600px';
+        document.body.appendChild(el);
         consoleCharts.timeChart(el, {series: [{label: 'one'}]}, [[t], [42]]);
-        return [Number(el.dataset.xMin), Number(el.dataset.xMax), el.dataset.ticks];
     }""", t)
-    x_min, x_max, labels = ticks
+    page.wait_for_function("() => document.getElementById('one-point').dataset.ticks")
+    one = page.locator("#one-point")
+    x_min, x_max = float(one.get_attribute("data-x-min")), float(one.get_attribute("data-x-max"))
+    labels = one.get_attribute("data-ticks")
     assert x_min < t < x_max and x_max - x_min <= 3600, (x_min, x_max)
     assert labels and not re.search(r"\b(19|20)\d\d\b", labels), labels
     assert re.search(r"\b14:1\d\b", labels), labels  # 24-hour UTC times around the point
 
-    # The spot chart draws what was recorded, with times, not years.
+    # The spot chart draws what was recorded (the beat records a price every 30 s), with times, not years.
+    def drawn():
+        page.reload()
+        page.wait_for_load_state()
+        return page.locator("#spot-chart canvas").count() > 0
+    wait_until(drawn, timeout=90, interval=3, what="a recorded spot price")
     chart = page.locator("#spot-chart")
-    page.wait_for_function("() => document.getElementById('spot-chart').dataset.xMax")
+    page.wait_for_function("() => document.getElementById('spot-chart').dataset.ticks")
     assert not re.search(r"\b(19|20)\d\d\b", chart.get_attribute("data-ticks"))
+    assert float(chart.get_attribute("data-x-max")) - float(chart.get_attribute("data-x-min")) <= 2 * 86400
 
     # An ended lease that ran under a minute or two draws its minutes within its run.
     lease = call_api(stack.url, "GET", f"/api/v1/leases/{seeded['ended']}/", key=seeded["key"])[1]
@@ -224,7 +233,7 @@ def test_each_destructive_action_asks_first_and_keeping_changes_nothing(new_page
     assert page.locator(f'tr[data-listing="{s["listing"]}"]').count() == 1
 
     page.goto("/account/")
-    page.get_by_label("Key name").fill("to-keep")
+    page.locator("#id_name").fill("to-keep")  # the API key's name (the SSH key's field is labelled alike)
     page.get_by_role("button", name="Create key").click()
     page.goto("/account/")
     keep(page, "Revoke key to-keep", back=r"/account/")
