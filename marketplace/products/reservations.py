@@ -243,7 +243,7 @@ def cancel_terms(*, reservation: Reservation, now: datetime | None = None) -> Ca
     terms = CancelTerms(paid=r.price_total)
     if r.state != Reservation.State.BOOKED or r.starts_at <= now:
         started = r.state == Reservation.State.ACTIVE or (r.state == Reservation.State.BOOKED and r.starts_at <= now)
-        terms.refused, terms.code = ((f"The window started at {r.starts_at:%b %d %H:%M} UTC: a reservation is not "
+        terms.refused, terms.code = ((f"The window started at {r.starts_at:%H:%M} UTC on {r.starts_at:%b} {r.starts_at.day}: a reservation is not "
                                       "cancelled once it has started; list the rest of it for resale instead.",
                                       "window_started") if started else
                                      (f"The reservation is {r.get_state_display()}: there is nothing to cancel.",
@@ -264,9 +264,17 @@ def cancel_terms(*, reservation: Reservation, now: datetime | None = None) -> Ca
     else:
         terms.share = Decimal(market("RESERVATION_LATE_CANCEL_REFUND"))
         terms.why = (f"cancelled less than {_span(free_before)} before its start: "
-                     f"{terms.share * 100:g}% of it")
+                     f"{float(terms.share) * 100:g}% of it")
     terms.refund = micro(r.price_total * terms.share)
     return terms
+
+
+def cancel_policy() -> str:
+    """The cancel policy in one sentence, from the settings (what `cancel_terms` applies)."""
+    late = float(market("RESERVATION_LATE_CANCEL_REFUND")) * 100
+    return (f"A booked window is refunded in full when cancelled at least {_span(market('RESERVATION_FREE_CANCEL_SECONDS'))}"
+            f" before it starts or within {_span(market('RESERVATION_CANCEL_GRACE_SECONDS'))} of booking it; "
+            f"{late:g}% of it later, until it starts; once started it is not cancelled: list the rest for resale.")
 
 
 def _span(seconds: float) -> str:

@@ -25,6 +25,11 @@ def add_domain_error(form: forms.BaseForm, exc: DomainError, *, fields: dict | N
     mark_invalid(form)
 
 
+def when(moment) -> str:
+    """A moment as the console's messages write it, in UTC, 24-hour: "Wed Dec 2 07:00"."""
+    return f"{moment:%a %b} {moment.day} {moment:%H:%M}"
+
+
 def is_htmx(request) -> bool:
     return request.headers.get("HX-Request") == "true"
 

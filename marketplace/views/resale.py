@@ -22,7 +22,7 @@ from nodeagent.hardware.gpus import name_of
 from scheduler.errors import DomainError
 
 from ..forms import ListForResaleForm, ResaleFilterForm
-from .common import Confirm, add_domain_error, confirm_page, mark_invalid
+from .common import Confirm, add_domain_error, confirm_page, mark_invalid, when
 
 PAGE = 50
 CAL_DAYS = 14
@@ -61,6 +61,7 @@ def _page(request, *, forms=None, status=200):
     mine = market_selectors.listing_list(include_closed=True).filter(seller=request.user).order_by("-created_at")[:100]
     return render(request, "console/reservations.html", {
         "rows": rows, "my_listings": mine, "calendar": _calendar(reservations, now), "nav": "reservations",
+        "cancel_policy": reservation_services.cancel_policy(),
         "balance": ledger.wallet_balance(user=request.user)}, status=status)
 
 
@@ -80,7 +81,7 @@ def list_for_resale(request, reservation_id):
         except DomainError as exc:
             add_domain_error(form, exc, fields=LISTING_FIELDS)
         else:
-            messages.success(request, f"Listed {listing.starts_at:%b %d %H:%M}–{listing.ends_at:%H:%M} UTC at "
+            messages.success(request, f"Listed {when(listing.starts_at)}–{listing.ends_at:%H:%M} UTC at "
                                       f"{usd_per_hour(listing.ask_per_hour)} on the resale market.")
             return redirect("console:reservations")
     mark_invalid(form)
@@ -133,7 +134,7 @@ def resale_buy(request, listing_id):
         return confirm_page(request, Confirm(
             title=f"Buy {name_of(listing.gpu_model)} {listing.profile} in {listing.region} for "
                   f"{usd(listing.price_total)}?",
-            points=[f"The window {listing.starts_at:%b %d %H:%M}–{listing.ends_at:%H:%M} UTC becomes your reservation "
+            points=[f"The window {when(listing.starts_at)}–{listing.ends_at:%H:%M} UTC becomes your reservation "
                     f"({usd_per_hour(listing.ask_per_hour)}); it starts on its own.",
                     f"{usd(listing.price_total)} is paid from your wallet now ({usd(balance)} now, "
                     f"{usd(balance - listing.price_total)} after).",
@@ -146,7 +147,7 @@ def resale_buy(request, listing_id):
         messages.error(request, exc.message)
         return redirect("console:resale")
     r = purchase.reservation
-    messages.success(request, f"Bought: {r.starts_at:%b %d %H:%M}–{r.ends_at:%H:%M} UTC is yours "
+    messages.success(request, f"Bought: {when(r.starts_at)}–{r.ends_at:%H:%M} UTC is yours "
                               f"({usd(purchase.listing.price_total)} paid).")
     return redirect("console:reservations")
 
@@ -161,7 +162,7 @@ def reservation_cancel(request, reservation_id):
     if request.method == "GET":
         terms = reservation_services.cancel_terms(reservation=r)
         return confirm_page(request, Confirm(
-            title=f"Cancel your reservation {r.starts_at:%b %d %H:%M}–{r.ends_at:%H:%M} UTC?",
+            title=f"Cancel your reservation {when(r.starts_at)}–{r.ends_at:%H:%M} UTC?",
             points=[f"{r.gpu.gpu_model.name if r.gpu.gpu_model else r.gpu.name} {r.profile or 'whole GPU'} in "
                     f"{r.gpu.node.region}, paid {usd(r.price_total)}.",
                     f"You get {usd(terms.refund)} back to your wallet: {terms.why}." if not terms.refused else "",

@@ -60,8 +60,13 @@ def seeded(stack):
                    "ask_per_hour": "0.1"}, who=fay["api_key"])["id"]
     api("POST", "/api/v1/ssh-keys/", {"name": "laptop", "public_key": SSH_KEY})
     project = api("POST", "/api/v1/projects/", {"name": "vision"})["id"]
-    return {"buyer": eve["name"], "key": key, "running": running, "ended": ended, "reservation": reservation,
+    yield {"buyer": eve["name"], "key": key, "running": running, "ended": ended, "reservation": reservation,
             "listing": listing, "project": project, "provider": "e2e-provider", "node": stack.seed["nodes"][0]["id"]}
+    # Leave the stack as the other browser tests expect it: no lease, window or listing of these buyers left.
+    call_api(base, "POST", f"/api/v1/leases/{running}/end/", key=key)
+    call_api(base, "POST", f"/api/v1/resale-listings/{listing}/withdraw/", key=fay["api_key"])
+    for who, r in ((key, reservation), (fay["api_key"], theirs)):
+        call_api(base, "POST", f"/api/v1/reservations/{r}/cancel/", key=who)
 
 
 def log_in(page, username: str) -> None:

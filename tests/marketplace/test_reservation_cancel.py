@@ -89,6 +89,8 @@ def test_within_the_grace_after_booking_the_refund_is_full_later_it_is_half_and_
     # Twenty minutes after booking and under a day before the start: half of it, the provider keeps the rest.
     terms = reservations.cancel_terms(reservation=later, now=now + timedelta(minutes=20))
     assert (terms.share, terms.refund) == (D("0.5"), later.price_total / 2) and not terms.refused
+    assert terms.why == "cancelled less than a day before its start: 50% of it"
+    assert "50% of it later" in reservations.cancel_policy()
     reservations.reservation_cancel(holder=buyer, reservation_id=later.pk, now=now + timedelta(minutes=20))
     assert wallet(buyer) == paid + soon.price_total + later.price_total / 2
     assert ledger_check() == []
