@@ -359,7 +359,7 @@ def order_quote(*, buyer, spec: OrderSpec, now: datetime | None = None) -> Quote
     if spec.mode == Mode.RESALE:
         listing = ResaleListing.objects.filter(pk=spec.listing_id).first() if spec.listing_id else None
         if listing is None:
-            return Quote(mode=spec.mode, explain="choose a listing")
+            return Quote(mode=spec.mode, explain="Choose a listing to see its price.")
         hours = Decimal(str((listing.ends_at - listing.starts_at).total_seconds() / 3600))
         return Quote(mode=spec.mode, available=listing.state == ResaleListing.State.OPEN,
                      gpu_model=listing.gpu_model, profile=listing.profile, region=listing.region,
