@@ -225,34 +225,17 @@ def _usage_records(b: Billable, start_at: datetime, end_at: datetime, amount: De
     pieces, t = [], start_at
     while t < end_at:
         stop = min(end_at, minute_of(t) + timedelta(minutes=1))
-        # Whole seconds on the clock's grid, each boundary rounded once: a lease's minutes add up to its running time
-        # (truncating each piece lost up to a second at every boundary: a 75-second lease read 74 s).
-        pieces.append((minute_of(t), round(stop.timestamp()) - round(t.timestamp()), (stop - t).total_seconds()))
+        pieces.append((minute_of(t), int((stop - t).total_seconds())))
         t = stop
+    pieces = [(m, s) for m, s in pieces if s > 0]
     if not pieces:
         return []
-    weights = [w for _, _, w in pieces]
+    weights = [s for _, s in pieces]
     amounts = spread(amount, weights)
     fees = spread_within(fee, amounts, weights)
-    # A piece under half a second rounds to no second: its money goes with the next piece kept (or the last), so
-    # the records hold all of the charge; a period all under half a second is recorded as one second.
-    rows, carry = [], (ZERO, ZERO)
-    for (m, secs, _), a, f in zip(pieces, amounts, fees):
-        a, f = a + carry[0], f + carry[1]
-        if secs <= 0:
-            carry = (a, f)
-            continue
-        rows.append([m, secs, a, f])
-        carry = (ZERO, ZERO)
-    if carry != (ZERO, ZERO):
-        if rows:
-            rows[-1][2] += carry[0]
-            rows[-1][3] += carry[1]
-        else:
-            rows.append([pieces[0][0], 1, carry[0], carry[1]])
     now = timezone.now()
     return [(b.pk, b.order_id, b.project_id, b.buyer_id, b.provider_id, b.node_id, b.gpu_model, b.profile or "whole",
-             b.mode, m, secs, a, f, txn_id, now) for m, secs, a, f in rows]
+             b.mode, m, s, a, f, txn_id, now) for (m, s), a, f in zip(pieces, amounts, fees)]
 
 
 def _write_usage(records: list[tuple]) -> None:

@@ -30,8 +30,9 @@ SSH_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIBvdWoRSPk6mTuqxAPGlS2CqT3IUKOIbe
 
 
 def ran(fleet, buyer, *, model: str, seconds: int) -> Lease:
-    """An on-demand lease of a whole `model` that ran `seconds`, ending now (metered and settled at its end)."""
-    end = timezone.now()
+    """An on-demand lease of a whole `model` that ran `seconds`, ending now (metered and settled at its end; whole
+    seconds, as metering counts from billing_start)."""
+    end = timezone.now().replace(microsecond=0)
     start = end - timedelta(seconds=seconds)
     order = orders.order_place(buyer=buyer, now=start, spec=OrderSpec(mode="on_demand", gpu_models=[model],
                                                                       whole_gpu=True))
