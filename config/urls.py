@@ -1,5 +1,6 @@
 from django.contrib import admin
-from django.http import JsonResponse
+from django.http import HttpResponsePermanentRedirect, JsonResponse
+from django.templatetags.static import static
 from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
@@ -13,6 +14,8 @@ urlpatterns = [
     path("", include("marketplace.auth_urls")),
     path("api/v1/", include("config.api_urls")),
     path("stripe/webhook/", stripe_webhook, name="stripe-webhook"),
+    # Pages name their icon (templates/base.html); browsers and tools that ask the root for it get it too.
+    path("favicon.ico", lambda request: HttpResponsePermanentRedirect(static("favicon.svg"))),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     # A script that asks for a path the API does not have gets the API's error shape, not an HTML page.

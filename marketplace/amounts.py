@@ -4,6 +4,9 @@ Every amount the market charges, credits or refunds is exact to the micro-dollar
 seconds is rounded half-up once, where it is charged (`cost`). Only Stripe moves whole cents (top-ups and
 their refunds, payments.py). Sharing an amount over parts (minutes of a charge, pieces of a split window)
 gives parts that add up to exactly the amount, none negative (`spread`).
+
+How people read money (the console, and every message a buyer or provider reads: form errors, refusals) is
+written here too, once: an amount to the cent, a price per hour to a hundredth of a cent (`usd`, `usd_per_hour`).
 """
 from __future__ import annotations
 
@@ -29,6 +32,33 @@ def cents(value) -> Decimal:
 def in_cents(value: Decimal) -> int:
     """A whole-cent amount as the integer cents Stripe takes."""
     return int((Decimal(value) * 100).to_integral_value())
+
+
+def usd(value, places: int = 2) -> str:
+    """An amount as people read it: dollars rounded half-up to `places` (2: the cent), thousands separated, a
+    true minus sign: 1234.5 -> "$1,234.50", -0.2 -> "−$0.20". An amount of cents (places=2) that is not zero
+    but rounds to $0.00 is written to a hundredth of a cent ("$0.0041", or the micro-dollar), so nothing charged
+    reads as free."""
+    if value in (None, ""):
+        return "—"
+    try:
+        d = Decimal(str(value))
+        places = int(places)
+        shown = d.quantize(Decimal(1).scaleb(-places), rounding=ROUND_HALF_UP)
+        if places == 2:
+            for finer in (4, 6):
+                if shown or not d:
+                    break
+                places, shown = finer, d.quantize(Decimal(1).scaleb(-finer), rounding=ROUND_HALF_UP)
+    except (ArithmeticError, ValueError, TypeError):
+        return str(value)
+    sign = "−" if shown < 0 else ""
+    return f"{sign}${abs(shown):,.{places}f}"
+
+
+def usd_per_hour(value) -> str:
+    """A price per hour as people read it: "$0.6943/h" (prices are per second of an hour: four places)."""
+    return f"{usd(value, 4)}/h"
 
 
 def money(value, *, field: str = "amount") -> Decimal:

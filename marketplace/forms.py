@@ -15,6 +15,17 @@ from nodeagent.runtime.base import NOTICE_PATH
 VERSION = r"^\d{1,3}(\.\d{1,3}){0,2}$"
 
 
+UTC_FORMAT = "%Y-%m-%d %H:%M"
+
+
+def utc_input() -> forms.DateTimeInput:
+    """A time in UTC as the console writes times, 24-hour (2026-12-01 14:00), the same beside the calendar and in
+    every locale: a browser's datetime-local picker would show the buyer's locale (12-hour in en-US)."""
+    return forms.DateTimeInput(format=UTC_FORMAT, attrs={"placeholder": "2026-12-01 14:00", "inputmode": "numeric",
+                                                          "autocomplete": "off", "size": 16,
+                                                          "pattern": r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(:\d{2})?"})
+
+
 class NodeRegisterForm(forms.Form):
     name = forms.CharField(max_length=80, help_text="A name you will recognise, e.g. rack3-h100-01.")
     region = forms.CharField(max_length=40, initial="eu-west", help_text="Where the server is, e.g. eu-west, us-east.")
@@ -137,10 +148,9 @@ class OrderForm(forms.Form):
     duration_hours = forms.DecimalField(label="Duration (hours)", min_value=Decimal("0.01"), decimal_places=2,
                                         required=False, initial=Decimal("1"),
                                         help_text="On demand and spot: the lease ends then (you can end it earlier).")
-    window_start = forms.DateTimeField(label="Window start (UTC)", required=False,
-                                       widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
-    window_end = forms.DateTimeField(label="Window end (UTC)", required=False,
-                                     widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
+    window_start = forms.DateTimeField(label="Window start (UTC)", required=False, widget=utc_input(),
+                                       help_text="Pick it on the calendar, or type it: 2026-12-01 14:00 (24-hour).")
+    window_end = forms.DateTimeField(label="Window end (UTC)", required=False, widget=utc_input())
     max_price_per_hour = forms.DecimalField(label="Max price per hour (USD)",
                                             min_value=ORDER_BOUNDS["max_price_per_hour"][0],
                                             max_value=ORDER_BOUNDS["max_price_per_hour"][1], max_digits=12,
@@ -267,8 +277,8 @@ def port_list(text: str) -> list[dict]:
 
 
 class ListForResaleForm(forms.Form):
-    starts_at = forms.DateTimeField(label="From (UTC)", widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
-    ends_at = forms.DateTimeField(label="Until (UTC)", widget=forms.DateTimeInput(attrs={"type": "datetime-local"}, format="%Y-%m-%dT%H:%M"))
+    starts_at = forms.DateTimeField(label="From (UTC)", widget=utc_input())
+    ends_at = forms.DateTimeField(label="Until (UTC)", widget=utc_input())
     ask_per_hour = forms.DecimalField(label="Ask per hour (USD)", min_value=Decimal("0"), max_digits=12, decimal_places=6)
 
 

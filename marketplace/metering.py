@@ -31,7 +31,7 @@ from django.utils import timezone
 
 from marketplace.amounts import ZERO, micro, spread, spread_within
 from marketplace.conf import market
-from marketplace.models import Lease, LedgerTransaction, UsageRecord
+from marketplace.models import Lease, LedgerTransaction, Mode, UsageRecord
 from marketplace.models.sql import Epoch, insert_rows, update_rows
 from marketplace.money import ledger, movements
 
@@ -135,6 +135,14 @@ class Posted:
     short: Decimal  # what it owed and its buyer's wallet could not pay (> 0: the money ran out)
 
 
+def usage_memo(*, mode: str, lease_id, gpu_model: str, profile: str, start: datetime, end: datetime) -> str:
+    """What a usage posting reads as in a ledger: "On-demand lease 4e6243f6 (h100-80gb 1g.10gb), 00:57:00–00:57:54
+    UTC"."""
+    label = {"on_demand": "On-demand"}.get(mode, Mode(mode).label.capitalize() if mode in Mode.values else mode)
+    return (f"{label} lease {str(lease_id)[:8]} ({gpu_model or 'GPU'} {profile or 'whole GPU'}), "
+            f"{start:%H:%M:%S}–{end:%H:%M:%S} UTC")
+
+
 def post(leases: list[Billable], *, now: datetime) -> list[Posted]:
     """Charge each lease (locked by the caller) what it owes up to `now` and record its usage per minute; saved.
     A wallet is never taken below zero."""
@@ -152,7 +160,8 @@ def post(leases: list[Billable], *, now: datetime) -> list[Posted]:
             items.append(movements.UsageCharge(
                 lease_id=b.pk, buyer_id=b.buyer_id, provider_id=b.provider_id, due=due, start=period[0],
                 end=period[1], order_id=b.order_id, project_id=b.project_id,
-                memo=f"{b.mode} lease {str(b.pk)[:8]} {period[0]:%H:%M:%S}-{period[1]:%H:%M:%S}"))
+                memo=usage_memo(mode=b.mode, lease_id=b.pk, gpu_model=b.gpu_model, profile=b.profile,
+                                start=period[0], end=period[1])))
     charged = {p.item.lease_id: p for p in movements.charge_usage(items)}
     out, records = [], []
     for b, (start_at, end_at), due in periods:

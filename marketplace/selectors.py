@@ -23,7 +23,9 @@ def lease_list(*, user) -> QuerySet[Lease]:
 
 
 def reservation_list(*, user) -> QuerySet[Reservation]:
-    return (Reservation.objects.filter(holder=user).select_related("gpu__node", "gpu__gpu_model")
+    # The piece paid for (the cancel policy's question) is the reservation or its parent, bought on resale or not.
+    return (Reservation.objects.filter(holder=user)
+            .select_related("gpu__node", "gpu__gpu_model", "bought_from", "parent__bought_from")
             .exclude(state=Reservation.State.SPLIT))
 
 

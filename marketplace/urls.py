@@ -20,6 +20,7 @@ urlpatterns = [
     path("jobs/", views.jobs, name="jobs"),
     path("reservations/", views.reservations, name="reservations"),
     path("reservations/<uuid:reservation_id>/list/", views.list_for_resale, name="list-for-resale"),
+    path("reservations/<uuid:reservation_id>/cancel/", views.reservation_cancel, name="reservation-cancel"),
     path("resale/", views.resale_market, name="resale"),
     path("resale/<uuid:listing_id>/buy/", views.resale_buy, name="resale-buy"),
     path("resale/<uuid:listing_id>/withdraw/", views.listing_cancel, name="listing-cancel"),

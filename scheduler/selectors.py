@@ -1,10 +1,13 @@
 """Reads of the fleet, permission-restricted: a provider sees only its own nodes."""
 from __future__ import annotations
 
-from django.db.models import Count, Prefetch, Q, QuerySet
+from datetime import datetime, timedelta
+
+from django.db.models import Avg, Count, Prefetch, Q, QuerySet
+from django.db.models.functions import TruncHour
 
 from nodeagent.hardware import mig as core_mig
-from scheduler.models import Gpu, HealthEvent, Node, Slice
+from scheduler.models import Gpu, GpuMetricRollup, HealthEvent, Node, Slice
 
 
 def node_list(*, user) -> QuerySet[Node]:
@@ -63,3 +66,19 @@ def node_events(*, node: Node, limit: int = 20) -> list[HealthEvent]:
 def slice_list(*, user) -> QuerySet[Slice]:
     qs = Slice.objects.select_related("gpu__node").order_by("-created_at")
     return qs if user.is_staff else qs.filter(gpu__node__provider=user)
+
+
+HISTORY_METRICS = ("util", "mem_used", "temp", "power")
+
+
+def gpu_history(*, gpu_id: int, start: datetime, end: datetime) -> tuple[str, list[dict]]:
+    """What a GPU did over [start, end): ("minute", the per-minute averages) for up to two days, else ("hour", hourly
+    averages of them), oldest first: each {"at", "util", "mem_used", "temp", "power"} (None where not reported)."""
+    rows = GpuMetricRollup.objects.filter(gpu_id=gpu_id, minute__gte=start.replace(second=0, microsecond=0),
+                                          minute__lt=end)
+    if end - start <= timedelta(days=2):
+        return "minute", [{"at": r["minute"], **{m: r[f"{m}_avg"] for m in HISTORY_METRICS}}
+                          for r in rows.order_by("minute").values("minute", *(f"{m}_avg" for m in HISTORY_METRICS))]
+    hourly = (rows.annotate(hour=TruncHour("minute")).order_by().values("hour")
+              .annotate(**{m: Avg(f"{m}_avg") for m in HISTORY_METRICS}).order_by("hour"))
+    return "hour", [{"at": r["hour"], **{m: r[m] for m in HISTORY_METRICS}} for r in hourly]

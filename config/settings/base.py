@@ -317,6 +317,13 @@ MARKET = {
     "SPOT_MAX_FACTOR": env_decimal("MARKET_SPOT_MAX_FACTOR", "0.7", minimum=Decimal("0"), maximum=100),
     "RESALE_CAP": env_decimal("MARKET_RESALE_CAP", "0.9", minimum=Decimal("0"), maximum=1),  # of base: never above it
     "RESERVED_AHEAD_SECONDS": env_float("MARKET_RESERVED_AHEAD_SECONDS", 3600.0, minimum=0),
+    # Cancelling a reserved window (docs/market.md, "Cancelling"): the whole price back until this long before its
+    # start, or within the grace after booking; later, until the start, this share of it; after the start, never
+    # (the holder lists the rest for resale).
+    "RESERVATION_FREE_CANCEL_SECONDS": env_float("MARKET_RESERVATION_FREE_CANCEL_SECONDS", 86400.0, minimum=0),
+    "RESERVATION_CANCEL_GRACE_SECONDS": env_float("MARKET_RESERVATION_CANCEL_GRACE_SECONDS", 600.0, minimum=0),
+    "RESERVATION_LATE_CANCEL_REFUND": env_decimal("MARKET_RESERVATION_LATE_CANCEL_REFUND", "0.5",
+                                                  minimum=Decimal("0"), maximum=1),
     "MAX_DURATION_SECONDS": env_int("MARKET_MAX_DURATION_SECONDS", 90 * 86400, minimum=60),
     "MIN_PREPAID_SECONDS": env_float("MARKET_MIN_PREPAID_SECONDS", 600.0, minimum=0),
     "BALANCE_WARN_SECONDS": env_float("MARKET_BALANCE_WARN_SECONDS", 900.0, minimum=0),

@@ -62,3 +62,4 @@ def exception_handler(exc, context):
     else:
         response.data = {"error": {"code": code if isinstance(code, str) else "error", "message": _flatten(response.data.get("detail", response.data))}}
     return response
+

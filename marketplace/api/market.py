@@ -4,12 +4,13 @@ someone else's id is a 404. Writes take JSON only (anything else is a 415)."""
 from __future__ import annotations
 
 from django.utils import timezone
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 
+from marketplace.api.errors import ErrorSerializer
 from marketplace.api.json_only import JsonWrites
 from marketplace.api.workloads import (LOGS_SCHEMA, WorkloadCreateSerializer, WorkloadRunSerializer,
                                        WorkloadSerializer, logs_response, spec_of, workload_run_data)
@@ -17,7 +18,8 @@ from marketplace import metering, selectors
 from marketplace.amounts import micro
 from marketplace.lifecycle import leases as lease_services
 from marketplace.models import Lease, Mode, Order, ResaleListing, Reservation, SpotBid, SpotPrice
-from marketplace.products import orders as order_services, resale as resale_services
+from marketplace.products import (orders as order_services, reservations as reservation_services,
+                                  resale as resale_services)
 from marketplace.products.orders import ORDER_BOUNDS, OrderSpec
 
 VERSION = r"^\d{1,3}(\.\d{1,3}){0,2}$"
@@ -137,6 +139,16 @@ class ReservationSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class ReservationCancelledSerializer(serializers.Serializer):
+    """What cancelling a reservation did: the reservation (state `cancelled`) and the refund by the cancel policy."""
+
+    reservation = ReservationSerializer()
+    refunded = serializers.DecimalField(max_digits=18, decimal_places=6,
+                                        help_text="back to the wallet, to the micro-dollar")
+    refunded_share = serializers.DecimalField(max_digits=4, decimal_places=3, help_text="of the price paid (0..1)")
+    rule = serializers.CharField(help_text="the policy's rule that applied, in words")
+
+
 class ListingCreateSerializer(serializers.Serializer):
     starts_at = serializers.DateTimeField()
     ends_at = serializers.DateTimeField()
@@ -224,6 +236,23 @@ class ReservationViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModel
 
     def get_queryset(self):
         return selectors.reservation_list(user=self.request.user)
+
+    @extend_schema(
+        request=None, responses={200: ReservationCancelledSerializer,
+                                 404: OpenApiResponse(ErrorSerializer, description="not one of yours"),
+                                 409: OpenApiResponse(ErrorSerializer, description=(
+                                     "not cancellable: `window_started` (list the rest for resale), "
+                                     "`bought_on_resale`, `not_cancellable` (over, refunded or cancelled)"))},
+        description="Cancel a booked window by the cancel policy (docs/market.md): the whole price back until "
+                    "MARKET_RESERVATION_FREE_CANCEL_SECONDS (a day) before its start or within "
+                    "MARKET_RESERVATION_CANCEL_GRACE_SECONDS (10 minutes) of booking, MARKET_RESERVATION_LATE_CANCEL_"
+                    "REFUND (half) of it later; never once it has started. Its open listings are withdrawn. No body.")
+    @action(detail=True, methods=["post"])
+    def cancel(self, request, pk=None):
+        r, terms = reservation_services.reservation_cancel(holder=request.user, reservation_id=self.get_object().pk)
+        return Response(ReservationCancelledSerializer({
+            "reservation": self.get_queryset().get(pk=r.pk), "refunded": terms.refund, "refunded_share": terms.share,
+            "rule": terms.why}).data)
 
     @action(detail=True, methods=["post"], url_path="list-for-resale")
     def list_for_resale(self, request, pk=None):

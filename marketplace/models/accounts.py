@@ -22,6 +22,7 @@ class ApiKey(models.Model):
 
     class Meta:
         ordering = ["-created_at"]
+        verbose_name, verbose_name_plural = "API key", "API keys"
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
@@ -41,6 +42,9 @@ class NotificationSettings(models.Model):
     lease_failed = models.BooleanField(default=True)
     balance_low = models.BooleanField(default=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name_plural = "notification settings"
 
     def __str__(self) -> str:
         return f"notifications of {self.user_id}"

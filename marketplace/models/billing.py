@@ -112,6 +112,7 @@ class LedgerEntry(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-pk"]
+        verbose_name_plural = "ledger entries"
         indexes = [models.Index(fields=["account", "created_at"], name="ledgerentry_account_time")]
         constraints = [models.CheckConstraint(condition=~Q(amount=0), name="ledgerentry_amount_not_zero")]
 
@@ -167,6 +168,7 @@ class StripeEvent(models.Model):
 
     class Meta:
         ordering = ["-received_at"]
+        verbose_name = "Stripe event"
 
     def __str__(self) -> str:
         return f"{self.event_id} {self.type}"

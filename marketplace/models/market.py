@@ -97,6 +97,7 @@ class Reservation(models.Model):
         DONE = "done", "over"
         SPLIT = "split", "split by a resale"
         REFUNDED = "refunded", "refunded (the platform could not deliver)"
+        CANCELLED = "cancelled", "cancelled by its holder"
 
     LIVE_STATES = (State.BOOKED, State.ACTIVE)
 

@@ -53,6 +53,7 @@ class SshKey(models.Model):
 
     class Meta:
         ordering = ["created_at"]
+        verbose_name, verbose_name_plural = "SSH key", "SSH keys"
         constraints = [models.UniqueConstraint(fields=["user", "fingerprint"], name="sshkey_unique_per_user")]
 
     def __str__(self) -> str:

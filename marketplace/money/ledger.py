@@ -27,7 +27,7 @@ from typing import Iterable, Union
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from marketplace.amounts import ZERO, money
+from marketplace.amounts import ZERO, money, usd
 from marketplace.models import Account, LedgerEntry, LedgerTransaction, Project
 from marketplace.models.sql import insert_rows, update_rows
 from scheduler.errors import Conflict, DomainError
@@ -220,8 +220,8 @@ def post_many(postings: list[Posting]) -> list[LedgerTransaction]:
                 if new < 0 and k[0] is not None and k not in negative_ok:
                     error = InsufficientFunds if k[1] == Account.Kind.WALLET else DomainError
                     label = Account.Kind(k[1]).label
-                    raise error(f"Not enough money in the {label}: balance {balance[k]:.2f} USD, needs "
-                                f"{-delta:.2f} USD.", details={"account": k[1], "balance": str(balance[k]),
+                    raise error(f"Not enough money in the {label}: it holds {usd(balance[k])}, this needs "
+                                f"{usd(-delta)}.", details={"account": k[1], "balance": str(balance[k]),
                                                                "needed": str(-delta)})
                 balance[k] = new
             txn = LedgerTransaction(id=p.id, kind=p.kind, memo=p.memo[:400], idempotency_key=p.idempotency_key,

@@ -12,13 +12,21 @@ from datetime import date, datetime, timezone
 from decimal import Decimal
 
 from django.db import connection
-from django.db.models import QuerySet, Sum
+from django.db.models import Count, F, Max, Min, QuerySet, Sum, Value
 
 from marketplace import amounts
 from marketplace.amounts import ZERO
 from marketplace.models import Account, LedgerEntry, Project, UsageRecord
 from scheduler.errors import DomainError, NotFound
 
+
+
+# Wallet movements that are not spending: usage is itemised per slice, top-ups and their refunds move the buyer's
+# own money, credits are the platform's money given (shown apart).
+NOT_SPENDING = ("usage", "topup", "refund", "credit")
+# Ledger kinds as buyers read them.
+KIND_LABELS = {"usage": "usage", "reservation": "reserved windows", "resale": "resale market",
+               "reversal": "refunds of charges", "credit": "credits", "topup": "top-ups", "refund": "refunds to card"}
 
 
 def cents(value: Decimal) -> str:
@@ -61,7 +69,8 @@ def user_project(*, user, project_id) -> Project:
 
 
 def statement(*, user, month: str | None, project_id=None) -> dict:
-    """A buyer's month: per project, per slice (GPU model + profile) GPU-seconds and amounts; wallet movements."""
+    """A buyer's month: per project, per slice (GPU model + profile) GPU-seconds and amounts, other charges;
+    credits received apart (they are not spending); wallet movements."""
     label, start, end = month_bounds(month)
     usage = UsageRecord.objects.filter(buyer=user, minute__gte=start, minute__lt=end)
     wallet = LedgerEntry.objects.filter(account__user=user, account__kind=Account.Kind.WALLET)
@@ -82,9 +91,12 @@ def statement(*, user, month: str | None, project_id=None) -> dict:
         p["usage"] += s["amount"]
         p["seconds"] += s["seconds"]
     totals = defaultdict(lambda: ZERO)
+    credits = ZERO
     for (pid, kind), s in moves.items():
         totals[kind] += s["amount"]
-        if kind not in ("usage", "topup", "refund"):  # usage is itemised above; top-ups/refunds are not spending
+        if kind == "credit":  # platform money given (a welcome credit, a short notice): received, not spent
+            credits += s["amount"]
+        elif kind not in NOT_SPENDING:
             projects[pid]["other"][kind] = projects[pid]["other"].get(kind, ZERO) - s["amount"]
     rows = []
     grand_usage, grand_other, grand_seconds = ZERO, ZERO, ZERO
@@ -97,14 +109,15 @@ def statement(*, user, month: str | None, project_id=None) -> dict:
         rows.append({"project": {"id": pid, "name": names.get(pid)} if pid else None, "slices": p["slices"],
                      "gpu_seconds": int(p["seconds"]), "usage_amount": str(p["usage"]),
                      "usage_amount_usd": cents(p["usage"]),
-                     "other_charges": [{"kind": k, "amount": str(v), "amount_usd": cents(v)}
-                                       for k, v in sorted(p["other"].items())],
+                     "other_charges": [{"kind": k, "label": KIND_LABELS.get(k, k), "amount": str(v),
+                                        "amount_usd": cents(v)} for k, v in sorted(p["other"].items())],
                      "total": str(p["usage"] + other), "total_usd": cents(p["usage"] + other)})
     body = {"month": label, "currency": "usd", "period_start": start.isoformat(), "period_end": end.isoformat(),
             "projects": rows,
             "totals": {"gpu_seconds": int(grand_seconds), "usage_amount": str(grand_usage),
                        "usage_amount_usd": cents(grand_usage), "other_charges_amount": str(grand_other),
-                       "amount": str(grand_usage + grand_other), "amount_usd": cents(grand_usage + grand_other)}}
+                       "amount": str(grand_usage + grand_other), "amount_usd": cents(grand_usage + grand_other),
+                       "credits_amount": str(credits), "credits_amount_usd": cents(credits)}}
     if project_id in (None, ""):
         opening = exact_sum(wallet.filter(created_at__lt=start))
         closing = opening + sum(totals.values(), ZERO)
@@ -134,3 +147,32 @@ def statement_csv_rows(body: dict) -> list[list[str]]:
         rows.append([body["month"], name, "project total", "", "", str(p["gpu_seconds"]), p["total_usd"]])
     rows.append([body["month"], "", "total", "", "", str(body["totals"]["gpu_seconds"]), body["totals"]["amount_usd"]])
     return rows
+
+
+def wallet_activity(*, user, kind: str | None = None, since: datetime | None = None, until: datetime | None = None,
+                    project_id: int | None = None) -> QuerySet:
+    """The buyer's wallet as people read it, newest first: one row per movement, except usage, which metering
+    posts once a minute per lease and which reads as one row per lease (first and last posting, how many, the
+    sum). Rows are dicts: at, first_at, kind, memo, project_name, total, postings, lease (a lease id for usage)."""
+    entries = LedgerEntry.objects.filter(account__user=user, account__kind=Account.Kind.WALLET)
+    if kind:
+        entries = entries.filter(transaction__kind=kind)
+    if since is not None:
+        entries = entries.filter(created_at__gte=since)
+    if until is not None:
+        entries = entries.filter(created_at__lte=until)
+    if project_id is not None:
+        entries = entries.filter(project_id=project_id)
+    columns = ("at", "first_at", "kind", "memo", "project_name", "total", "postings", "lease")
+    singles = (entries.exclude(transaction__kind="usage")
+               .annotate(at=F("created_at"), first_at=F("created_at"), kind=F("transaction__kind"),
+                         memo=F("transaction__memo"), project_name=F("project__name"), total=F("amount"),
+                         postings=Value(1), lease=F("transaction__lease_id"))
+               .values(*columns))
+    usage = (entries.filter(transaction__kind="usage").values("transaction__lease_id", "project__name")
+             .annotate(at=Max("created_at"), first_at=Min("created_at"), kind=Value("usage"),
+                       memo=Value(""), project_name=F("project__name"), total=Sum("amount"), postings=Count("id"),
+                       lease=F("transaction__lease_id"))
+             .values(*columns))
+    # Each side unordered (SQLite refuses ORDER BY inside a compound statement), the union ordered.
+    return singles.order_by().union(usage.order_by(), all=True).order_by("-at", "-first_at")

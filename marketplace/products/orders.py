@@ -16,18 +16,19 @@ from decimal import Decimal, InvalidOperation
 from django.db import transaction
 from django.utils import timezone
 
-from marketplace.amounts import cost
+from marketplace.amounts import cost, usd, usd_per_hour
 from marketplace.claims import snapshot
 from marketplace.claims.holds import holds_for, order_span, request_for
+from marketplace.claims.refusals import refusal
 from marketplace.claims.windows import SlicesClaim
 from marketplace.conf import market
 from marketplace.lifecycle.leases import lease_end, lease_interrupt, lease_open
 from marketplace.lifecycle.workloads import workload_create
-from marketplace.models import Lease, Mode, Order, Project, ResaleListing, SpotBid
+from marketplace.models import Lease, Mode, Order, Project, ResaleListing, Reservation, SpotBid
 from marketplace.money import ledger
 from marketplace.notifications import webhook_url_check
 from marketplace.pricing import price_for, reserved_mode, spot_factor_for
-from nodeagent.hardware.gpus import GPU_MODELS
+from nodeagent.hardware.gpus import GPU_MODELS, name_of
 from scheduler.core import perf
 from scheduler.core.model import Decision
 from scheduler.errors import Conflict, DomainError, NotFound
@@ -184,7 +185,7 @@ def order_place(*, buyer, spec: OrderSpec, now: datetime | None = None) -> Order
             _check_bid(order)
         placed = _try_place(order=order, now=now)
         if not placed and order.if_unavailable == Order.IfUnavailable.FAIL:
-            raise Conflict(f"no capacity for this order now: {order.explain}", code="unavailable",
+            raise Conflict(order.explain, code="unavailable",
                            details={"reasons": order.reasons, "explain": order.explain})
     return order
 
@@ -196,8 +197,8 @@ def _check_bid(order: Order) -> None:
                           "bid against", field="max_price_per_hour")
     cap = cap * order.gpu_count  # the bid is for all k GPUs together, as the engine compares it
     if order.max_price_per_hour > cap:
-        raise DomainError(f"a bid above the on-demand price ({cap}/h) is refused: order on demand instead",
-                          field="max_price_per_hour")
+        raise DomainError(f"A bid above the on-demand price ({usd_per_hour(cap)}) is refused: order on demand "
+                          f"instead.", field="max_price_per_hour", details={"cap": str(cap)})
 
 
 def _try_place(*, order: Order, now: datetime, base: snapshot.MarketSnapshot | None = None) -> bool:
@@ -217,7 +218,7 @@ def _try_place(*, order: Order, now: datetime, base: snapshot.MarketSnapshot | N
     if slices:
         _open_leases(order=order, slices=slices, now=now)
         return True
-    order.reasons, order.explain = decision.reasons, decision.explain()[:500]
+    order.reasons, order.explain = decision.reasons, refusal(request=claim.request, reasons=decision.reasons)[:500]
     if decision.ok and decision.preempt:
         order.explain = f"waiting for {len(decision.preempt)} spot lease(s) to leave"
         if order.if_unavailable == Order.IfUnavailable.QUEUE:
@@ -245,8 +246,8 @@ def _open_leases(*, order: Order, slices: list, now: datetime) -> None:
     if ledger.wallet_balance(user=order.buyer) < needed:
         # Nothing of this attempt may stay: the slice claims are undone with the order's transaction.
         raise ledger.InsufficientFunds(
-            f"Not enough money in the wallet: {needed} USD covers the first "
-            f"{int(market('MIN_PREPAID_SECONDS') // 60)} minutes at {price}/h"
+            f"Not enough money in the wallet: {usd(needed)} covers the first "
+            f"{int(market('MIN_PREPAID_SECONDS') // 60)} minutes at {usd_per_hour(price)}"
             + (f" for {len(slices)} GPUs" if len(slices) > 1 else "") + ".", details={"needed": str(needed)})
     # Provisional end while the instance is carved: the duration counts from running (lifecycle's
     # running_ends_at); until then the lease holds its slots for the duration plus the provisioning
@@ -291,8 +292,9 @@ def orders_retry(*, now: datetime | None = None) -> int:
 
 
 def order_cancel(*, buyer, order_id) -> Order:
-    """Cancel a queued order, or end the lease of a placed on-demand or spot order. Paid reservations are
-    not cancelled: their holder lists them for resale instead."""
+    """Cancel a queued order, end the leases of a placed on-demand or spot order, or cancel the booked windows of a
+    reserved order by the cancel policy (reservations.reservation_cancel; a started one is resold instead). A window
+    bought on the resale market is not cancelled: it is listed again."""
     with transaction.atomic():
         # Lock the order: the race is the queue placing it while the buyer cancels.
         order = Order.objects.select_for_update().filter(pk=order_id, buyer=buyer).first()
@@ -305,9 +307,14 @@ def order_cancel(*, buyer, order_id) -> Order:
         elif order.state == Order.State.PLACED and order.mode in (Mode.ON_DEMAND, Mode.SPOT):
             for lease_id in order.leases.filter(state__in=Lease.OPEN_STATES).values_list("id", flat=True):
                 lease_end(lease_id=lease_id, buyer=buyer, reason="cancelled by the buyer")
+        elif order.state == Order.State.PLACED and order.mode == Mode.RESERVED:
+            for r_id in order.reservations.filter(holder=buyer, state__in=Reservation.LIVE_STATES).values_list(
+                    "id", flat=True):
+                reservations.reservation_cancel(holder=buyer, reservation_id=r_id)
+            order.refresh_from_db(fields=["state"])
         elif order.state == Order.State.PLACED:
-            raise Conflict("a reservation is paid and held whether used or not; list it for resale instead",
-                           code="not_cancellable")
+            raise Conflict("A window bought on the resale market is not cancelled (its seller has been paid): list it "
+                           "for resale instead.", code="not_cancellable")
         else:
             raise Conflict(f"the order is {order.state}", code="not_cancellable")
     return order
@@ -338,7 +345,7 @@ class Quote:
 
     @property
     def unit(self) -> str:
-        return f"{self.gpu_model} {self.profile}"
+        return f"{name_of(self.gpu_model)} {self.profile}"
 
     @property
     def none(self) -> bool:
@@ -352,7 +359,7 @@ def order_quote(*, buyer, spec: OrderSpec, now: datetime | None = None) -> Quote
     if spec.mode == Mode.RESALE:
         listing = ResaleListing.objects.filter(pk=spec.listing_id).first() if spec.listing_id else None
         if listing is None:
-            return Quote(mode=spec.mode, explain="choose a listing")
+            return Quote(mode=spec.mode, explain="Choose a listing to see its price.")
         hours = Decimal(str((listing.ends_at - listing.starts_at).total_seconds() / 3600))
         return Quote(mode=spec.mode, available=listing.state == ResaleListing.State.OPEN,
                      gpu_model=listing.gpu_model, profile=listing.profile, region=listing.region,
@@ -368,14 +375,14 @@ def order_quote(*, buyer, spec: OrderSpec, now: datetime | None = None) -> Quote
     window_start = order.window_start if order.mode == Mode.RESERVED else None
     with snapshot.view(ms, start=start, end=end, window_start=window_start) as snap:
         decision = decide(snapshot=snap, request=request, allow_preemption=False)
-        return _priced(order, decision, snap, now=now, factors=ms.pool.spot_factors)
+        return _priced(order, decision, snap, request=request, now=now, factors=ms.pool.spot_factors)
 
 
-def _priced(order: Order, decision: Decision, snap: Snapshot, *, now: datetime, factors: dict) -> Quote:
+def _priced(order: Order, decision: Decision, snap: Snapshot, *, request, now: datetime, factors: dict) -> Quote:
     q = Quote(mode=order.mode, short_notice=order.mode == Mode.RESERVED and
               reserved_mode(starts_at=order.window_start, now=now) == "reserved_short_notice")
     if not decision.ok:
-        q.explain = decision.explain()
+        q.explain = refusal(request=request, reasons=decision.reasons)
         return q
     q.available, q.gpus = True, len(decision.placements)
     per_hour, pu = Decimal("0"), 0.0

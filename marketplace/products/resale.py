@@ -12,7 +12,7 @@ from decimal import Decimal
 from django.db import transaction
 from django.utils import timezone
 
-from marketplace.amounts import cost, spread
+from marketplace.amounts import cost, spread, usd_per_hour
 from marketplace.claims.windows import ListingClaim
 from marketplace.conf import market
 from marketplace.lifecycle.workloads import workload_create
@@ -51,8 +51,8 @@ def listing_create(*, seller, reservation_id, starts_at: datetime, ends_at: date
                               f"({r.starts_at.isoformat()} to {r.ends_at.isoformat()})", field="starts_at")
         cap = resale_cap(reservation=r)
         if not (Decimal("0") < ask_per_hour <= cap):
-            raise DomainError(f"the ask must be above 0 and at most {cap}/h ({market('RESALE_CAP')} × the "
-                              f"provider's base price of this slice)", field="ask_per_hour",
+            raise DomainError(f"The ask must be above $0 and at most {usd_per_hour(cap)} ({market('RESALE_CAP')} × "
+                              f"the provider's base price of this slice).", field="ask_per_hour",
                               details={"cap": str(cap)})
         if r.listings.filter(state=ResaleListing.State.OPEN, starts_at__lt=ends_at, ends_at__gt=starts_at).exists():
             raise Conflict("an open listing already covers part of this window", code="listing_overlap")

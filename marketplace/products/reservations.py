@@ -8,6 +8,7 @@ time not delivered is refunded pro rata when it ends.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import Decimal
 
@@ -17,14 +18,15 @@ from django.utils import timezone
 from marketplace.amounts import cost, micro
 from marketplace.claims import snapshot
 from marketplace.claims.holds import live_reservations, order_span, request_for, spot_clear_horizon
+from marketplace.claims.refusals import refusal
 from marketplace.claims.windows import RelocationClaim, WindowClaim
 from marketplace.conf import market
 from marketplace.lifecycle.leases import LOST_REASONS, lease_end, lease_interrupt, lease_open
-from marketplace.models import LedgerTransaction, Lease, Mode, Order, Reservation
+from marketplace.models import LedgerTransaction, Lease, Mode, Order, ResaleListing, Reservation
 from marketplace.money import movements
 from marketplace.pricing import price_for, reserved_mode
 from scheduler.core.slots import Slots
-from scheduler.errors import DomainError
+from scheduler.errors import Conflict, DomainError, NotFound
 from scheduler.models import Gpu, Node, Slice
 from scheduler.services.allocation import allocate, legal_starts_among
 from scheduler.services.slices import slice_create
@@ -54,7 +56,7 @@ def reservation_book(*, order: Order, now: datetime, base: snapshot.MarketSnapsh
     claim = WindowClaim(request=request_for(order, now=now), start=start, end=end, base=base, write=write)
     decision, r = allocate(claim=claim, retries=market("PLACE_RETRIES"))
     if r is None:
-        order.reasons, order.explain = decision.reasons, decision.explain()[:500]
+        order.reasons, order.explain = decision.reasons, refusal(request=claim.request, reasons=decision.reasons)[:500]
         return False
     order.state, order.placed_at = Order.State.PLACED, now
     order.price_per_hour, order.total_price, order.reasons, order.explain = r.price_per_hour, r.price_total, {}, ""
@@ -193,12 +195,9 @@ def _refund_undelivered(r: Reservation, *, amount: Decimal, seconds: float) -> N
     """The platform did not deliver `seconds` of the window (node offline, failed provision): the holder gets
     `amount` back once (one idempotency key per reservation), from the provider where the booking charge can
     be reversed, else as a platform credit."""
-    # Walk up to the piece that was paid for: the original booking (its holder's charge is reversed), or
-    # a window bought on resale (then the price is credited). Walking past a bought piece to the first
-    # booking would refund the first seller for a window that a later buyer paid for.
-    root = r
-    while root.parent_id is not None and not hasattr(root, "bought_from"):
-        root = root.parent
+    # The piece that was paid for: the original booking (its holder's charge is reversed), or a window bought on
+    # resale (then the price is credited).
+    root = _paid_root(r)
     original = LedgerTransaction.objects.filter(idempotency_key=f"reservation:{root.pk}").first()
     key = f"reservation-refund:{r.pk}"
     memo = (f"reservation {str(r.pk)[:8]} was not delivered" if seconds >= (r.ends_at - r.starts_at).total_seconds()
@@ -207,6 +206,112 @@ def _refund_undelivered(r: Reservation, *, amount: Decimal, seconds: float) -> N
         movements.refund(original=original, idempotency_key=key, amount=amount, memo=memo)
     else:
         movements.credit(user=r.holder, amount=amount, idempotency_key=key, memo=memo)
+
+
+# --- cancelling: the policy a buyer of reserved capacity expects (docs/market.md, "Cancelling a window") --------
+
+@dataclass
+class CancelTerms:
+    """What cancelling a reservation now would do: `refund` of its `paid` price back (`share` of it), or why it
+    cannot be cancelled (`refused`, a sentence; the holder lists it for resale instead)."""
+
+    paid: Decimal
+    share: Decimal = Decimal("0")
+    refund: Decimal = Decimal("0")
+    why: str = ""  # the rule that applies, in the buyer's words
+    refused: str = ""
+    code: str = ""
+
+
+def _paid_root(r: Reservation) -> Reservation:
+    """The piece that was paid for: the original booking, or a window bought on the resale market (the pieces a
+    resale split off keep the booking's charge). Walking past a bought piece to the first booking would refund the
+    first seller for a window that a later buyer paid for."""
+    root = r
+    while root.parent_id is not None and not hasattr(root, "bought_from"):
+        root = root.parent
+    return root
+
+
+def cancel_terms(*, reservation: Reservation, now: datetime | None = None) -> CancelTerms:
+    """The cancel policy applied to `reservation` now: the whole price back until RESERVATION_FREE_CANCEL_SECONDS
+    before its start or within RESERVATION_CANCEL_GRACE_SECONDS of booking it; later, until the start,
+    RESERVATION_LATE_CANCEL_REFUND of it; after the start, nothing (resell the rest instead). A window bought on the
+    resale market is resold, not cancelled (its seller has been paid)."""
+    now = now or timezone.now()
+    r = reservation
+    terms = CancelTerms(paid=r.price_total)
+    if r.state != Reservation.State.BOOKED or r.starts_at <= now:
+        started = r.state == Reservation.State.ACTIVE or (r.state == Reservation.State.BOOKED and r.starts_at <= now)
+        terms.refused, terms.code = ((f"The window started at {r.starts_at:%H:%M} UTC on {r.starts_at:%b} {r.starts_at.day}: a reservation is not "
+                                      "cancelled once it has started; list the rest of it for resale instead.",
+                                      "window_started") if started else
+                                     (f"The reservation is {r.get_state_display()}: there is nothing to cancel.",
+                                      "not_cancellable"))
+        return terms
+    if hasattr(_paid_root(r), "bought_from"):
+        terms.refused, terms.code = ("A window bought on the resale market is not cancelled (its seller has been "
+                                     "paid): list it for resale instead.", "bought_on_resale")
+        return terms
+    ahead = (r.starts_at - now).total_seconds()
+    booked = _paid_root(r).created_at
+    free_before = market("RESERVATION_FREE_CANCEL_SECONDS")
+    if ahead >= free_before:
+        terms.share, terms.why = Decimal("1"), f"cancelled at least {_span(free_before)} before its start: all of it"
+    elif (now - booked).total_seconds() <= market("RESERVATION_CANCEL_GRACE_SECONDS"):
+        terms.share, terms.why = Decimal("1"), (f"cancelled within {_span(market('RESERVATION_CANCEL_GRACE_SECONDS'))} "
+                                                f"of booking: all of it")
+    else:
+        terms.share = Decimal(market("RESERVATION_LATE_CANCEL_REFUND"))
+        terms.why = (f"cancelled less than {_span(free_before)} before its start: "
+                     f"{float(terms.share) * 100:g}% of it")
+    terms.refund = micro(r.price_total * terms.share)
+    return terms
+
+
+def cancel_policy() -> str:
+    """The cancel policy in one sentence, from the settings (what `cancel_terms` applies)."""
+    late = float(market("RESERVATION_LATE_CANCEL_REFUND")) * 100
+    return (f"A booked window is refunded in full when cancelled at least {_span(market('RESERVATION_FREE_CANCEL_SECONDS'))}"
+            f" before it starts or within {_span(market('RESERVATION_CANCEL_GRACE_SECONDS'))} of booking it; "
+            f"{late:g}% of it later, until it starts; once started it is not cancelled: list the rest for resale.")
+
+
+def _span(seconds: float) -> str:
+    """A policy's period in words: "a day", "2 days", "10 minutes"."""
+    s = int(seconds)
+    for unit, name in ((86400, "day"), (3600, "hour")):
+        if s and s % unit == 0:
+            n = s // unit
+            return f"a{'n' if name == 'hour' else ''} {name}" if n == 1 else f"{n} {name}s"
+    return f"{max(1, round(s / 60))} minutes"
+
+
+def reservation_cancel(*, holder, reservation_id, now: datetime | None = None) -> tuple[Reservation, CancelTerms]:
+    """Cancel the holder's booked window by the cancel policy (`cancel_terms`): its slots are free again, its open
+    resale listings withdrawn, and the refund due goes back to the wallet from the booking's charge (pro rata from
+    the provider and the platform fee, marketplace.money), once."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        # Lock the reservation: the race is its start (the beat opening its lease), a resale purchase splitting it,
+        # or a second cancel; each of those locks it first too.
+        r = (Reservation.objects.select_for_update(of=("self",)).select_related("order")
+             .filter(pk=reservation_id, holder=holder).exclude(state=Reservation.State.SPLIT).first())
+        if r is None:
+            raise NotFound("no such reservation among yours", field="reservation")
+        terms = cancel_terms(reservation=r, now=now)
+        if terms.refused:
+            raise Conflict(terms.refused, code=terms.code)
+        r.state = Reservation.State.CANCELLED
+        r.save(update_fields=["state"])
+        r.listings.filter(state=ResaleListing.State.OPEN).update(state=ResaleListing.State.CANCELLED)
+        if terms.refund > 0:
+            original = LedgerTransaction.objects.get(idempotency_key=f"reservation:{_paid_root(r).pk}")
+            movements.refund(original=original, idempotency_key=f"reservation-cancel:{r.pk}", amount=terms.refund,
+                             memo=f"reservation {str(r.pk)[:8]} cancelled: {terms.why} refunded")
+        if r.order_id and not r.order.reservations.filter(state__in=Reservation.LIVE_STATES).exists():
+            Order.objects.filter(pk=r.order_id).update(state=Order.State.CANCELLED)
+    return r, terms
 
 
 CALENDAR_DAYS = 7

@@ -1,10 +1,12 @@
 """Template helpers of the console: the menu, money and time formatting."""
 from __future__ import annotations
 
-from decimal import ROUND_HALF_UP, Decimal, InvalidOperation
-
 from django import template
 from django.urls import NoReverseMatch, reverse
+from django.utils.html import format_html
+
+from marketplace import amounts
+from nodeagent.hardware.gpus import name_of
 
 register = template.Library()
 
@@ -33,29 +35,19 @@ def console_nav(user=None) -> list[dict]:
 
 @register.filter
 def usd(value, places: int = 2) -> str:
-    """A Decimal amount as dollars, rounded half-up: 1234.5 -> $1,234.50."""
-    if value in (None, ""):
-        return "—"
-    try:
-        d = Decimal(str(value)).quantize(Decimal(1).scaleb(-int(places)), rounding=ROUND_HALF_UP)
-    except (InvalidOperation, ValueError):
-        return str(value)
-    sign = "−" if d < 0 else ""
-    return f"{sign}${abs(d):,.{int(places)}f}"
+    """An amount as dollars, the one way the console writes money (marketplace.amounts.usd)."""
+    return amounts.usd(value, places)
 
 
 @register.filter
-def hours(seconds) -> str:
-    try:
-        s = float(seconds)
-    except (TypeError, ValueError):
-        return "—"
-    return f"{s / 3600:.2f} h" if s >= 360 else f"{s / 60:.0f} min"
+def per_hour(value) -> str:
+    """A price per hour: "$0.6943/h"."""
+    return amounts.usd_per_hour(value) if value not in (None, "") else "—"
 
 
 @register.filter
 def duration(seconds) -> str:
-    """Seconds as a job's running time: 42 s, 3 min 05 s, 2 h 04 min."""
+    """Seconds as a time span (a job's run, GPU time on a statement): 42 s, 3 min 05 s, 2 h 04 min."""
     try:
         s = int(seconds)
     except (TypeError, ValueError):
@@ -65,3 +57,49 @@ def duration(seconds) -> str:
     if s < 3600:
         return f"{s // 60} min {s % 60:02d} s"
     return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+@register.filter(name="hours")
+def gpu_hours(seconds) -> str:
+    """GPU time, written as `duration` writes it (a 75-second lease is "1 min 15 s", not "1 min" or "0.02 h")."""
+    return duration(seconds)
+
+
+@register.filter
+def gpu_name(key) -> str:
+    """A GPU model's catalog key as its name: h100-80gb -> H100-80GB (the console shows names, URLs keep keys)."""
+    return name_of(str(key)) if key else "—"
+
+
+PU_HELP = ("Performance units: one normalised measure of what a slice delivers (from its model's compute, memory "
+           "and bandwidth and its share of the GPU), so prices compare across models")
+MEDIA_HELP = ("+me: the slice has the GPU's media engines (video decoders, JPEG decoder, optical flow); only one slice "
+              "per GPU can have them")
+
+
+@register.simple_tag
+def pu_help() -> str:
+    return PU_HELP
+
+
+@register.filter
+def profile_name(profile) -> str:
+    """A MIG profile as the console shows it: "whole" as "whole GPU", "+me" explained on hover."""
+    profile = str(profile or "")
+    if profile in ("", "whole"):
+        return "whole GPU"
+    if profile.endswith("+me"):
+        return format_html('{}<abbr title="{}">+me</abbr>', profile[:-3], MEDIA_HELP)
+    return profile
+
+
+# Why a lease ended, as its buyer reads it (the lifecycle records short reasons: marketplace/lifecycle/leases.py).
+END_REASONS = {"insufficient_funds": "the wallet ran out of money", "duration over": "its duration was over",
+               "window over": "its reserved window was over", "interrupted": "interrupted (spot)",
+               "ended by the buyer": "you ended it", "cancelled by the buyer": "you cancelled its order",
+               "node offline": "its node went offline", "instance destroyed": "its slice was destroyed"}
+
+
+@register.filter
+def end_reason(reason) -> str:
+    return END_REASONS.get(str(reason or ""), str(reason or ""))

@@ -10,4 +10,5 @@ from .fleet import (gpu_health, home, node_detail, node_drain, node_gpus_fragmen
 from .leases import jobs, lease_detail, lease_end, lease_facts, lease_logs, leases, order_cancel  # noqa: F401
 from .orders import order, order_preview  # noqa: F401
 from .provider import provider  # noqa: F401
-from .resale import list_for_resale, listing_cancel, resale_buy, resale_market, reservations  # noqa: F401
+from .resale import (list_for_resale, listing_cancel, resale_buy, resale_market, reservation_cancel,  # noqa: F401
+                     reservations)

@@ -5,7 +5,8 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.shortcuts import redirect, render
-from django.views.decorators.http import require_POST
+from django.urls import reverse
+from django.views.decorators.http import require_http_methods, require_POST
 
 from base64 import b32encode
 
@@ -19,7 +20,7 @@ from scheduler.errors import DomainError
 
 from ..account_forms import CodeForm
 from ..forms import ApiKeyForm, NotificationSettingsForm, ProjectForm, SshKeyForm
-from .common import add_domain_error, mark_invalid
+from .common import Confirm, add_domain_error, confirm_page, mark_invalid
 
 
 def _notification_form(user) -> NotificationSettingsForm:
@@ -92,14 +93,21 @@ def api_key_create(request):
 
 
 @login_required
-@require_POST
+@require_http_methods(["GET", "POST"])
 def api_key_revoke(request, key_id):
-    try:
-        key = apikeys.api_key_revoke(user=request.user, key_id=key_id)
-    except ApiKey.DoesNotExist:
+    key = ApiKey.objects.filter(pk=key_id, user=request.user).first()
+    if key is None:
         messages.error(request, "No such API key among yours.")
-    else:
-        messages.success(request, f"API key “{key.name}” is revoked: requests with it are refused from now on.")
+        return redirect("console:account")
+    if request.method == "GET":
+        return confirm_page(request, Confirm(
+            title=f"Revoke the API key “{key.name}”?",
+            points=[f"Requests with {key.prefix}… are refused from now on: scripts and tools using it stop working.",
+                    "A revoked key cannot be turned back on: create a new key instead."],
+            action="Revoke key", keep="Keep it", back=reverse("console:account") + "#api-keys",
+            refused="This key is revoked already." if key.revoked_at else ""))
+    key = apikeys.api_key_revoke(user=request.user, key_id=key.pk)
+    messages.success(request, f"API key “{key.name}” is revoked: requests with it are refused from now on.")
     return redirect("console:account")
 
 
@@ -112,12 +120,18 @@ def project_create(request):
 
 
 @login_required
-@require_POST
+@require_http_methods(["GET", "POST"])
 def project_delete(request, project_id):
     project = Project.objects.filter(pk=project_id, user=request.user).first()
     if project is None:
         messages.error(request, "No such project among yours.")
         return redirect("console:account")
+    if request.method == "GET":
+        return confirm_page(request, Confirm(
+            title=f"Delete the project “{project.name}”?",
+            points=["It leaves your projects and the order form; nothing was billed to it, so no statement changes.",
+                    "A project with usage or charges on record is kept (rename it instead)."],
+            action="Delete project", keep="Keep it", back=reverse("console:account") + "#projects"))
     try:
         projects.project_delete(project=project)
     except DomainError as exc:
@@ -145,8 +159,18 @@ def ssh_key_add(request):
 
 
 @login_required
-@require_POST
+@require_http_methods(["GET", "POST"])
 def ssh_key_delete(request, key_id):
+    if request.method == "GET":
+        key = SshKey.objects.filter(pk=key_id, user=request.user).first()
+        if key is None:
+            messages.error(request, "No such SSH key among yours.")
+            return redirect("/account/#ssh-keys")
+        return confirm_page(request, Confirm(
+            title=f"Remove the SSH key “{key.name}”?",
+            points=[f"Containers started from now on do not let {key.fingerprint} log in.",
+                    "Containers running now keep it until their lease ends."],
+            action="Remove key", keep="Keep it", back="/account/#ssh-keys"))
     try:
         workloads.ssh_key_delete(user=request.user, key_id=key_id)
     except DomainError as exc:

@@ -15,8 +15,9 @@ from django.http import HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.views.decorators.http import require_POST
 
-from marketplace.models import Account, LedgerEntry, Payment, Project
+from marketplace.models import Lease, Payment, Project
 from marketplace.money import ledger, statements
+from nodeagent.hardware.gpus import name_of
 from marketplace.products import payments
 from scheduler.errors import DomainError
 
@@ -26,22 +27,26 @@ from .common import mark_invalid, month_param
 PAGE = 50
 
 
-def _ledger(request, form: LedgerFilterForm):
-    qs = (LedgerEntry.objects.filter(account__user=request.user, account__kind=Account.Kind.WALLET)
-          .select_related("transaction", "project").order_by("-created_at", "-pk"))
-    if form.is_valid():
-        d = form.cleaned_data
-        if d.get("kind"):
-            qs = qs.filter(transaction__kind=d["kind"])
-        if d.get("since"):
-            qs = qs.filter(created_at__gte=datetime.combine(d["since"], time.min, tzinfo=dt_timezone.utc))
-        if d.get("until"):
-            qs = qs.filter(created_at__lte=datetime.combine(d["until"], time.max, tzinfo=dt_timezone.utc))
-        if d.get("project"):
-            qs = qs.filter(project_id=d["project"])
-    else:
+def _activity(request, form: LedgerFilterForm):
+    """The wallet's movements for the ledger table (usage one row per lease), with the filters that are valid."""
+    d = form.cleaned_data if form.is_valid() else {}
+    if form.errors:
         mark_invalid(form)
-    return qs
+    return statements.wallet_activity(
+        user=request.user, kind=d.get("kind") or None, project_id=d.get("project"),
+        since=datetime.combine(d["since"], time.min, tzinfo=dt_timezone.utc) if d.get("since") else None,
+        until=datetime.combine(d["until"], time.max, tzinfo=dt_timezone.utc) if d.get("until") else None)
+
+
+def _with_leases(rows) -> list[dict]:
+    """Usage rows with what their lease was (mode, unit), read in one query for the page."""
+    rows = list(rows)
+    ids = {r["lease"] for r in rows if r["kind"] == "usage" and r["lease"]}
+    leases = {lease.pk: lease for lease in Lease.objects.filter(pk__in=ids).select_related("slice__gpu__gpu_model")}
+    for r in rows:
+        r["lease_row"] = leases.get(r["lease"]) if r["kind"] == "usage" else None
+        r["label"] = statements.KIND_LABELS.get(r["kind"], r["kind"])
+    return rows
 
 
 def _spending(body: dict) -> dict:
@@ -51,12 +56,21 @@ def _spending(body: dict) -> dict:
     for p in body["projects"]:
         for s in p["slices"]:
             models[s["gpu_model"]] += Decimal(s["amount"])
-    by_model = sorted(models.items(), key=lambda kv: -kv[1])
+    by_model = sorted(((name_of(k), v) for k, v in models.items()), key=lambda kv: -kv[1])
 
     def bars(rows):
+        # Lengths from the exact amounts, labels by the console's money rule: two bars of different length never
+        # read the same (a sub-cent amount is written to the hundredth of a cent, amounts.usd).
         top = max((v for _, v in rows), default=Decimal("0")) or Decimal("1")
-        return [{"label": k, "amount": v, "pct": int(v / top * 100)} for k, v in rows]
+        return [{"label": k, "amount": v, "pct": max(0, int(v / top * 100))} for k, v in rows]
     return {"by_project": bars(by_project), "by_model": bars(by_model)}
+
+
+def _without_page(params) -> str:
+    """The page's filters for its pager links (which add their own page)."""
+    params = params.copy()
+    params.pop("page", None)
+    return params.urlencode() + "&" if params else ""
 
 
 @login_required
@@ -68,15 +82,16 @@ def billing(request):
         body = statements.statement(user=request.user, month=month, project_id=project_id)
     except DomainError:
         body, project_id = statements.statement(user=request.user, month=month), None
-    page = Paginator(_ledger(request, form), PAGE).get_page(request.GET.get("page"))
+    page = Paginator(_activity(request, form), PAGE).get_page(request.GET.get("page"))
     return render(request, "console/billing.html", {
         "balance": ledger.wallet_balance(user=request.user), "topup_form": TopUpForm(), "ledger_form": form,
-        "page": page, "statement": body, "month": month, "spending": _spending(body),
+        "page": page, "ledger_rows": _with_leases(page), "statement": body,
+        "credits": Decimal(body["totals"]["credits_amount"]), "month": month, "spending": _spending(body),
         "projects": Project.objects.filter(user=request.user).order_by("name"), "statement_project": project_id,
         "payments": Payment.objects.filter(user=request.user).order_by("-created_at")[:10],
         "stripe_js": payments.stripe_js_url() if settings.STRIPE_SECRET_KEY else None,
         "stripe_pk": settings.STRIPE_PUBLISHABLE_KEY, "fake_stripe": bool(settings.STRIPE_API_BASE),
-        "query": request.GET.urlencode(), "nav": "billing"}, status=400 if form.errors else 200)
+        "query": request.GET.urlencode(), "nav": "billing", "ledger_query": _without_page(request.GET)}, status=400 if form.errors else 200)
 
 
 @login_required

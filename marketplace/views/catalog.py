@@ -3,7 +3,7 @@ prices per mode, $ per PU-hour, availability, reliability and interruption histo
 spot price chart. Public: visitors browse, buyers order."""
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone as dt_timezone
 
 from django.http import Http404
 from django.shortcuts import render
@@ -15,6 +15,7 @@ from marketplace.products.catalog import Filters, offer_list
 from ..forms import CatalogFilterForm
 from .common import is_htmx, mark_invalid
 
+SPOT_HISTORY = timedelta(days=2)
 PRICE_MODES = [("on_demand", "On demand"), ("reserved", "Reserved"), ("spot", "Spot"), ("resale", "Resale")]
 
 
@@ -72,13 +73,27 @@ def unit_detail(request, key: str):
     if not offers:
         raise Http404("no such unit in the catalog now")
     offer = offers[0]
-    since = timezone.now() - timedelta(days=2)
-    points = list(market_selectors.spot_price_series(gpu_model=gpu_model, since=since)
-                  .values_list("at", "factor")[:2000])
+    now = timezone.now()
+    since = now - SPOT_HISTORY
     series = {"t": [], "price": []}
-    for at, factor in reversed(points):  # the selector orders newest first
-        series["t"].append(int(at.timestamp()))
-        series["price"].append(float(offer.price_at("spot", spot_factor=factor)))
+    last = None
+    # The spot price is a step function recorded every MARKET_SPOT_PRICE_SECONDS: its changes (and where the record
+    # ends) draw it whole over the two days, however often it was recorded.
+    points = (market_selectors.spot_price_series(gpu_model=gpu_model, since=since).order_by("at")
+              .values_list("at", "factor"))
+    for at, factor in points.iterator(chunk_size=2000):
+        if factor != last:
+            series["t"].append(int(at.timestamp()))
+            series["price"].append(float(offer.price_at("spot", spot_factor=factor)))
+            last = factor
+    changes = max(0, len(series["t"]) - 1)
+    if series["t"]:
+        series["t"].append(int(now.timestamp()))
+        series["price"].append(series["price"][-1])
+        first = series["t"][0]
+        series["span"] = [first, int(now.timestamp())]
+    recorded_since = datetime.fromtimestamp(series["t"][0], tz=dt_timezone.utc) if series["t"] else None
     return render(request, "console/unit.html", {
-        "offer": offer, "rows": _rows([offer], "on_demand"), "series": series, "points": len(series["t"]),
+        "offer": offer, "rows": _rows([offer], "on_demand"), "series": series, "changes": changes,
+        "recorded_since": recorded_since, "full_history": recorded_since is not None and recorded_since <= since + timedelta(minutes=5),
         "order_query": _order_query(offer), "nav": "catalog"})

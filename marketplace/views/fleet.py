@@ -7,7 +7,7 @@ from django.db import transaction
 from django.http import Http404
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from marketplace.models import ProviderProfile
 from scheduler import selectors as fleet_selectors
@@ -16,7 +16,7 @@ from scheduler.models import Node
 from scheduler.services import health as health_services, nodes as node_services
 
 from ..forms import NodeRegisterForm, NodeSettingsForm
-from .common import add_domain_error, is_htmx, mark_invalid
+from .common import Confirm, add_domain_error, confirm_page, is_htmx, mark_invalid
 from .earnings import earnings_summary
 
 
@@ -94,31 +94,47 @@ def gpu_health(request, node_id, gpu_id):
     if gpu is None:
         raise Http404("no such GPU on this node")
     action = request.POST.get("action")
+    level = "success"
     source = health_services.cordon_source_of(request.user)
     if action == "cordon":
         default = "cordoned by an operator" if request.user.is_staff else "cordoned by its provider"
         reason = (request.POST.get("reason") or "").strip()[:150] or default
         health_services.gpu_cordon(gpu_id=gpu.pk, reason=reason, by=request.user.get_username(), source=source)
-        messages.success(request, f"gpu{gpu.index} is cordoned: no new work is placed on it.")
+        said = f"gpu{gpu.index} is cordoned: no new work is placed on it."
     elif action == "uncordon":
         try:
             health_services.gpu_uncordon(gpu_id=gpu.pk, by=request.user.get_username(), source=source)
         except DomainError as exc:
-            messages.error(request, exc.message[:1].upper() + exc.message[1:] + ".")
+            level, said = "error", exc.message[:1].upper() + exc.message[1:] + "."
         else:
-            messages.success(request, f"gpu{gpu.index} is back in service.")
+            said = f"gpu{gpu.index} is back in service."
     else:
-        messages.error(request, "Choose cordon or uncordon.")
+        level, said = "error", "Choose cordon or uncordon."
     if is_htmx(request):
-        return render(request, "console/_node_gpus.html", {"node": node, "gpus": _gpu_rows(node), "oob": True})
+        # Said in the page that acted, with the table it changed: a flash message stored for "the next page" would
+        # only surface later, on a page it has nothing to do with.
+        return render(request, "console/_node_gpus.html", {"node": node, "gpus": _gpu_rows(node), "oob": True,
+                                                           "notice": said, "notice_level": level})
+    getattr(messages, level)(request, said)
     return redirect("console:node", node_id=node.pk)
 
 
 @login_required
-@require_POST
+@require_http_methods(["GET", "POST"])
 def node_drain(request, node_id):
-    """Drain (no new work; running leases stay) or undrain the provider's node."""
+    """Drain (no new work; running leases stay) or undrain the provider's node. Draining asks first (GET)."""
     node = _node_or_404(request, node_id)
+    if request.method == "GET":
+        return confirm_page(request, Confirm(
+            title=f"Drain {node.name}?",
+            points=["Nothing new is placed on it: no new leases, no new reserved windows.",
+                    "Its running leases keep running until they end.",
+                    "Windows already booked on it start on another GPU of the same kind when their time comes (their "
+                    "holders are refunded any time the platform cannot deliver).",
+                    "It earns only from what already runs until you undrain it."],
+            action="Drain node", keep="Keep taking work", back=reverse("console:node", args=[node.pk]),
+            fields={"action": "drain"},
+            refused=f"{node.name} is draining already." if node.drain_requested else ""))
     if request.POST.get("action") == "undrain":
         node_services.node_undrain(node=node)
         messages.success(request, f"{node.name} takes new work again.")

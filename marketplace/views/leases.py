@@ -8,18 +8,22 @@ from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import Http404
 from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_POST
+from django.views.decorators.http import require_http_methods, require_POST
 
 from marketplace import metering, selectors as market_selectors
-from marketplace.amounts import micro
+from marketplace.amounts import micro, usd, usd_per_hour
 from marketplace.api.workloads import logs_response
 from marketplace.conf import market
 from marketplace.lifecycle import leases as lease_services, workloads
-from marketplace.models import Lease, Order
+from marketplace.models import Lease, Mode, Order
 from marketplace.money import ledger
 from marketplace.products import orders as order_services
+from scheduler import selectors as fleet_selectors
 from scheduler.errors import DomainError
+
+from .common import Confirm, confirm_page
 
 PAGE = 50
 
@@ -32,7 +36,8 @@ def _lease_or_404(request, lease_id) -> Lease:
 
 
 def _row(lease: Lease, now=None) -> dict:
-    return {"lease": lease, "facts": lease_services.connection_facts(lease),
+    ran = ((lease.ended_at or now or timezone.now()) - lease.started_at).total_seconds() if lease.started_at else 0
+    return {"lease": lease, "facts": lease_services.connection_facts(lease), "ran_seconds": max(0, int(ran)),
             "cost": micro(metering.cost_at(lease, now or timezone.now())),
             "interruption": getattr(lease, "interruption", None), "profile": lease.slice.profile or "whole",
             "open": lease.state in Lease.OPEN_STATES, "run": workloads.run_of(lease),
@@ -54,12 +59,28 @@ def leases(request):
         "states": Lease.State.choices, "balance": ledger.wallet_balance(user=request.user), "nav": "leases"})
 
 
+def _history(lease: Lease) -> dict:
+    """An ended lease's GPU over its run, for the page's charts (per minute; per hour past two days)."""
+    if lease.state in Lease.OPEN_STATES or lease.started_at is None:
+        return {"minutes": 0}
+    end = lease.ended_at or timezone.now()
+    step, points = fleet_selectors.gpu_history(gpu_id=lease.slice.gpu_id, start=lease.started_at, end=end)
+    series = {"t": [int(p["at"].timestamp()) for p in points],
+              "util": [p["util"] for p in points], "temp": [p["temp"] for p in points],
+              "power": [p["power"] for p in points],
+              "mem": [None if p["mem_used"] is None else round(p["mem_used"] / 1024, 2) for p in points],
+              # From the start of its first minute: each point is a minute's average, drawn at the minute's start.
+              "span": [int(lease.started_at.replace(second=0, microsecond=0).timestamp()), int(end.timestamp())]}
+    return {"minutes": len(points), "step": step, "series": series}
+
+
 @login_required
 def lease_detail(request, lease_id):
     lease = _lease_or_404(request, lease_id)
     keep = market("WORKLOAD_LOG_TAIL_BYTES")
     return render(request, "console/lease.html", {**_row(lease), "now": timezone.now(), "nav": "leases",
-                                                  "log_keep_bytes": keep, "log_keep_kib": keep // 1024})
+                                                  "log_keep_bytes": keep, "log_keep_kib": keep // 1024,
+                                                  "history": _history(lease)})
 
 
 @login_required
@@ -85,10 +106,29 @@ def jobs(request):
                                                  "nav": "leases"})
 
 
+def _end_confirm(lease: Lease, cost) -> Confirm:
+    short = str(lease.pk)[:8]
+    points = [f"Billing stops now: it has cost {usd(cost)} so far, at {usd_per_hour(lease.price_per_hour)}."]
+    if workloads.workload_of(lease) is not None:
+        points.append(f"Its container is stopped (SIGTERM, then killed after "
+                      f"{market('WORKLOAD_STOP_GRACE_SECONDS'):g} s) and its slice destroyed: whatever it has not "
+                      f"saved elsewhere is lost.")
+    else:
+        points.append("Its slice is destroyed: whatever is on it and not saved elsewhere is lost.")
+    points.append("It cannot be started again: a new order gets a new slice.")
+    return Confirm(title=f"End lease {short}?", points=points, action="End lease", keep="Keep it running",
+                   back=reverse("console:lease", args=[lease.pk]),
+                   refused="" if lease.state in Lease.OPEN_STATES and lease.mode != Mode.RESERVED else
+                   ("A reserved window's lease ends with its window." if lease.state in Lease.OPEN_STATES
+                    else f"The lease is {lease.get_state_display()} already."))
+
+
 @login_required
-@require_POST
+@require_http_methods(["GET", "POST"])
 def lease_end(request, lease_id):
     lease = _lease_or_404(request, lease_id)
+    if request.method == "GET":
+        return confirm_page(request, _end_confirm(lease, _row(lease)["cost"]))
     try:
         lease = lease_services.lease_end(lease_id=lease.pk, buyer=request.user)
     except DomainError as exc:

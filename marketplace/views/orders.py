@@ -100,11 +100,19 @@ def _context(request, form: OrderForm, *, priced: OrderForm | None = None) -> di
     if priced.is_bound:
         priced.is_valid()  # the preview prices whatever fields are valid so far
         q = quote(priced, user=request.user)
-    calendar = None
+    calendar, chosen = None, None
     if q is not None and q.available and q.mode == Mode.RESERVED:
         calendar = reservation_services.free_calendar(gpu_model=q.gpu_model, profile=None if q.profile == "whole"
                                                       else q.profile, region=q.region)
-    return {"form": form, "quote": q, "calendar": calendar, "balance": ledger.wallet_balance(user=request.user),
+        # The window chosen so far is drawn by the server, so the preview's refresh keeps it highlighted.
+        start, end = _value(priced, "window_start"), _value(priced, "window_end")
+        if start and end and end > start:
+            chosen = (start, end)
+            for row in calendar["rows"]:
+                for cell in row["cells"]:
+                    cell["chosen"] = start <= cell["start"] and cell["end"] <= end
+    return {"form": form, "quote": q, "calendar": calendar, "chosen_window": chosen,
+            "balance": ledger.wallet_balance(user=request.user),
             "listings": market_selectors.listing_list().exclude(seller=request.user)[:50], "nav": "catalog"}
 
 

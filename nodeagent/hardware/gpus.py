@@ -79,6 +79,13 @@ def model_for(key: str) -> GpuModelSpec:
         raise KeyError(f"unknown GPU model {key!r}; known: {', '.join(GPU_MODELS)}") from None
 
 
+def name_of(key: str) -> str:
+    """The model's name as people read it ("H100-80GB"), wherever a catalog key ("h100-80gb") is shown; an
+    unknown key as it is."""
+    spec = GPU_MODELS.get((key or "").lower())
+    return spec.name if spec is not None else key
+
+
 def _words(text: str) -> str:
     # NVML writes "A100-SXM4-40GB" and "H100 NVL"; the simulated agent "A100-40GB": compare them alike.
     return " ".join(text.lower().replace("-", " ").replace("_", " ").split())

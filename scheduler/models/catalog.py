@@ -22,6 +22,7 @@ class GpuModel(models.Model):
 
     class Meta:
         ordering = ["key"]
+        verbose_name, verbose_name_plural = "GPU model", "GPU models"
         constraints = [models.CheckConstraint(condition=models.Q(memory_gb__gt=0), name="gpumodel_memory_positive")]
 
     def __str__(self) -> str:
@@ -60,6 +61,7 @@ class GpuProfile(models.Model):
 
     class Meta:
         ordering = ["gpu_model", "memory_slices", "compute_slices", "name"]
+        verbose_name, verbose_name_plural = "MIG profile", "MIG profiles"
         constraints = [models.UniqueConstraint(fields=["gpu_model", "name"], name="gpuprofile_unique_name")]
 
     def __str__(self) -> str:

@@ -123,6 +123,7 @@ class Gpu(models.Model):
 
     class Meta:
         ordering = ["node", "index"]
+        verbose_name, verbose_name_plural = "GPU", "GPUs"
         constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node")]
 
     def __str__(self) -> str:

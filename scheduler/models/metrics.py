@@ -22,6 +22,7 @@ class GpuMetricRollup(models.Model):
 
     class Meta:
         ordering = ["gpu", "minute"]
+        verbose_name, verbose_name_plural = "GPU metrics minute", "GPU metrics per minute"
         constraints = [models.UniqueConstraint(fields=["gpu", "minute"], name="rollup_unique_gpu_minute")]
 
     def __str__(self) -> str:
@@ -44,6 +45,9 @@ class GpuMetricLatest(models.Model):
     sm_clock_mhz = models.FloatField(null=True, blank=True)
     ecc_sbe = models.BigIntegerField(null=True, blank=True)
     ecc_dbe = models.BigIntegerField(null=True, blank=True)
+
+    class Meta:
+        verbose_name, verbose_name_plural = "latest GPU metrics", "latest GPU metrics"
 
     def __str__(self) -> str:
         return f"{self.gpu_id} @ {self.at:%H:%M:%S}"

@@ -1,10 +1,11 @@
 // The console websocket of the live pages: subscribe once open, show its state in stateEl ("live", an error,
-// "reconnecting…"), reconnect with jittered backoff. Every message also goes to onMessage.
+// "reconnecting…"), reconnect with jittered backoff. Every message also goes to onMessage. Returns {close()}: a
+// page whose subject is over (an ended lease) stops listening and does not reconnect.
 window.consoleSocket = function (subscribe, stateEl, onMessage) {
   "use strict";
-  let retry = 500;
+  let retry = 500, ws = null, closed = false;
   function connect() {
-    const ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws/console/");
+    ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws/console/");
     ws.onopen = () => { retry = 500; ws.send(JSON.stringify({ subscribe: subscribe })); };
     ws.onmessage = (e) => {
       const msg = JSON.parse(e.data);
@@ -13,10 +14,12 @@ window.consoleSocket = function (subscribe, stateEl, onMessage) {
       onMessage(msg);
     };
     ws.onclose = () => {
+      if (closed) return;
       stateEl.textContent = "reconnecting…";
       setTimeout(connect, retry + Math.random() * retry);
       retry = Math.min(retry * 2, 15000);
     };
   }
   connect();
+  return { close: () => { closed = true; if (ws) ws.close(); } };
 };

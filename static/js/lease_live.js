@@ -14,22 +14,22 @@
   const times = [];
   const series = { util: [], mem: [], temp: [], power: [] };
   const charts = {};
+  // An ended lease's page draws what its GPU did while it ran (charts.js, from the page); only an open lease's
+  // page watches it live.
+  let live = root.dataset.live === "1";
 
   function build() {
-    if (!window.uPlot) return;
+    if (!window.uPlot || !live) return;
     for (const el of root.querySelectorAll(".chart")) {
       const m = el.dataset.metric;
-      if (charts[m]) charts[m].destroy();
-      el.innerHTML = "";
-      charts[m] = new uPlot({ width: Math.max(260, el.clientWidth || 300), height: 170, legend: { show: false },
-        scales: { x: { time: true } }, axes: [{ stroke: "#64748b" }, { stroke: "#64748b", size: 48 }],
-        series: [{}, { label: m, stroke: "#2563eb", width: 1.5 }] }, [times, series[m]], el);
+      charts[m] = consoleCharts.timeChart(el, { series: [{ label: m }], window: WINDOW }, [times, series[m]]);
     }
   }
   build();
   window.addEventListener("resize", build);
 
   function onMetrics(msg) {
+    if (!live) return;
     const g = msg.gpus.find((x) => x.uuid === root.dataset.gpu) || msg.gpus[0];
     if (!g) return;
     times.push(msg.ts);
@@ -102,7 +102,17 @@
     if (document.querySelector("#lease-state.provisioning, #lease-state.ending")) changed();
   }, 2000);
 
-  window.consoleSocket({ lease: leaseId }, stateEl, (msg) => {
+  // The lease ended while the page was open: its facts say so (swapped in by htmx); the charts stop there.
+  document.body.addEventListener("htmx:afterSwap", () => {
+    const box = document.getElementById("lease-state-box");
+    if (live && box && box.dataset.open !== "1") {
+      live = false;
+      stateEl.textContent = "stopped: the lease has ended";
+      if (socket) socket.close();
+    }
+  });
+
+  const socket = live ? window.consoleSocket({ lease: leaseId }, stateEl, (msg) => {
     // Subscribed: anything missed before; refused: the lease may have ended before the page subscribed.
     if (msg.type === "subscribed" || msg.type === "error") changed();
     else if (msg.type === "metrics") onMetrics(msg);
@@ -111,5 +121,5 @@
       if (msg.event.type === "interruption") showNotice(msg.event);
       changed();
     }
-  });
+  }) : null;
 })();

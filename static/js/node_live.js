@@ -34,16 +34,10 @@
     colourKeys();
     for (const el of root.querySelectorAll(".chart")) {
       const metric = el.dataset.metric;
-      const opts = {
-        width: Math.max(260, el.clientWidth || 300), height: 170,
-        legend: { show: false }, // one colour key for all four charts sits in the GPU table
-        scales: { x: { time: true } },
-        axes: [{ stroke: "#64748b" }, { stroke: "#64748b", size: 48 }],
-        series: [{}].concat(gpuOrder.map((u, i) => ({ label: "gpu" + i, stroke: palette[i % palette.length], width: 1.5 }))),
-      };
-      if (charts[metric]) charts[metric].destroy();
-      el.innerHTML = "";
-      charts[metric] = new uPlot(opts, [times].concat(series[metric]), el);
+      // One colour key for all four charts sits in the GPU table (no legend here).
+      charts[metric] = consoleCharts.timeChart(el, {
+        series: gpuOrder.map((u, i) => ({ label: "gpu" + i, stroke: palette[i % palette.length] })), window: WINDOW,
+      }, [times].concat(series[metric]));
     }
   }
 

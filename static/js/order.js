@@ -26,6 +26,7 @@
     } else {
       end.value = slot.dataset.end; pickedStart = null;
     }
+    // Shown at once; the preview's refresh (the change below) draws the same window from the server's side.
     document.querySelectorAll(".calendar .slot.chosen").forEach((s) => s.classList.remove("chosen"));
     for (const s of document.querySelectorAll(".calendar .slot.free")) {
       if (s.dataset.start >= start.value && s.dataset.end <= end.value) s.classList.add("chosen");

@@ -47,12 +47,12 @@ def test_a_buyer_tops_up_orders_a_mig_slice_on_demand_watches_it_run_ends_it_and
     top_up(page, "25.00")
     assert page.locator("#balance").inner_text() == "$25.00"
     page.reload()
-    assert page.locator("#ledger .pill", has_text="topup").count() == 1
+    assert page.locator("#ledger .pill", has_text="top-ups").count() == 1
 
     # The catalog lists the H100's slices; order the smallest one on demand.
     page.get_by_role("link", name="Catalog").click()
     row = page.locator('tr[data-unit="h100-80gb:1g.10gb:eu-west"]')
-    assert row.locator("td").nth(4).inner_text().strip().startswith(("14", "13", "12"))  # free 1g slices
+    assert row.locator("td.free").inner_text().strip().startswith(("14", "13", "12"))  # free 1g slices
     row.get_by_role("link", name="Order").click()
     page.wait_for_url(re.compile(r"/order/\?"))
     page.wait_for_load_state()  # htmx listens once the page has loaded
@@ -75,7 +75,9 @@ def test_a_buyer_tops_up_orders_a_mig_slice_on_demand_watches_it_run_ends_it_and
     page.wait_for_function(f"() => document.getElementById('lease-cost').textContent !== {first_cost!r}")
     screenshot(page, request)
 
-    page.get_by_role("button", name="End lease").click()
+    page.get_by_role("link", name="End lease").click()
+    page.get_by_role("button", name="End lease").click()  # the confirmation page's
+    page.wait_for_url(re.compile(r"/leases/[0-9a-f-]+/$"))
     page.locator("#lease-state", has_text=re.compile("ending|ended")).wait_for()
     page.locator("#lease-state", has_text="ended").wait_for()
     charged = page.locator("#lease-charged").inner_text()
@@ -105,11 +107,15 @@ def test_a_buyer_books_a_window_lists_part_of_it_and_a_second_user_buys_it(stack
     first = seller.locator(f'.calendar .slot.free[data-start="{start}"]')
     first.click()
     assert seller.get_by_label("Window start (UTC)").input_value() == start
-    end_hour = (datetime.fromisoformat(start) + timedelta(hours=1)).strftime("%Y-%m-%dT%H:%M")
+    end_hour = (datetime.fromisoformat(start) + timedelta(hours=1)).strftime("%Y-%m-%d %H:%M")
     seller.locator(f'.calendar .slot.free[data-start="{end_hour}"]').click()
     assert seller.get_by_label("Window end (UTC)").input_value() == (
-        datetime.fromisoformat(start) + timedelta(hours=2)).strftime("%Y-%m-%dT%H:%M")
+        datetime.fromisoformat(start) + timedelta(hours=2)).strftime("%Y-%m-%d %H:%M")
     seller.wait_for_function("() => (document.getElementById('quote-total') || {}).textContent === '$0.97'")  # 0.85 x 2.00 x 2/7 = 0.4857/h, 2 h
+    # The preview has been drawn again from the server: the window is still shown as chosen, both of its hours.
+    chosen = seller.locator(".calendar .slot.chosen")
+    assert [chosen.nth(i).get_attribute("data-start") for i in range(chosen.count())] == [start, end_hour]
+    assert seller.locator("#chosen-window").inner_text().endswith("UTC")
     screenshot(seller, request, "-calendar")
     seller.get_by_role("button", name="Place order").click()
     seller.wait_for_url(re.compile(r"/reservations/$"))
@@ -120,7 +126,7 @@ def test_a_buyer_books_a_window_lists_part_of_it_and_a_second_user_buys_it(stack
     card.get_by_text("List part of it for resale").click()
     cap = float(card.locator(".resale-cap").inner_text().lstrip("$"))
     card.get_by_label("From (UTC)").fill(start)
-    card.get_by_label("Until (UTC)").fill((datetime.fromisoformat(start) + timedelta(minutes=30)).strftime("%Y-%m-%dT%H:%M"))
+    card.get_by_label("Until (UTC)").fill((datetime.fromisoformat(start) + timedelta(minutes=30)).strftime("%Y-%m-%d %H:%M"))
     card.get_by_label("Ask per hour (USD)").fill(f"{cap + 1:.4f}")
     card.get_by_role("button", name="List for resale").click()
     card = seller.locator("article[data-reservation]").first
@@ -137,7 +143,8 @@ def test_a_buyer_books_a_window_lists_part_of_it_and_a_second_user_buys_it(stack
     buyer.get_by_role("link", name="Resale").click()
     listing = buyer.locator("tr[data-listing]").filter(has_text="h100-80gb")
     assert listing.count() == 1 and "$0.10" in listing.inner_text()  # 0.2/h x 30 min
-    listing.get_by_role("button", name=re.compile("^Buy")).click()
+    listing.get_by_role("link", name=re.compile("^Buy")).click()
+    buyer.get_by_role("button", name="Buy for $0.10").click()  # the confirmation page's
     buyer.locator(".flash", has_text="Bought").wait_for()
     assert buyer.locator("article[data-reservation]").count() == 1
     assert float(buyer.locator(".head strong").first.inner_text().lstrip("$")) == pytest.approx(4.90)

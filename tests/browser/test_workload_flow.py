@@ -99,6 +99,7 @@ def test_a_buyer_orders_a_template_sees_it_run_copies_the_ssh_command_logs_in_an
     page.wait_for_function(f"() => document.getElementById('log-tail').textContent.split('step ').length - 1 > {seen}")
     screenshot(page, request)
 
-    page.get_by_role("button", name="End lease").click()
+    page.get_by_role("link", name="End lease").click()
+    page.get_by_role("button", name="End lease").click()  # the confirmation page's
     page.locator("#lease-state", has_text="ended").wait_for()
     page.locator("#workload-state", has_text="removed").wait_for()

@@ -83,7 +83,8 @@ def test_bad_catalog_filters_show_a_message_beside_the_field_and_keep_the_input(
     assert 'value="twelve"' in html and 'value="eu-west"' in html and 'aria-invalid="true"' in html
 
 
-def test_a_units_page_draws_its_spot_price_history(client, fleet):
+def test_a_units_page_draws_its_spot_price_history_as_its_changes_over_the_period_recorded(client, fleet):
+    from marketplace.models import SpotPrice
     from marketplace.products import spot
 
     fleet.node("a100-80gb:1")
@@ -93,10 +94,24 @@ def test_a_units_page_draws_its_spot_price_history(client, fleet):
     r = client.get("/catalog/a100-80gb:3g.40gb:eu-west/")
     assert r.status_code == 200
     html = r.content.decode()
-    assert 'id="spot-series"' in html and 'data-points="3"' in html
-    # the pool is all free: 0.5 x base 2.00 x half a GPU = 0.50/h at each point (spot is a factor on base)
     series = json.loads(re.search(r'<script id="spot-series" type="application/json">(.*?)</script>', html).group(1))
-    assert series["price"] == [0.5, 0.5, 0.5]
+    # the pool is all free: 0.5 x base 2.00 x half a GPU = 0.50/h; three equal points are one step, drawn until now
+    assert series["price"] == [0.5, 0.5] and 'data-points="0"' in html
+    assert series["span"] == [series["t"][0], series["t"][-1]] and series["t"][-1] >= int(now.timestamp())
+    # three minutes recorded: the title says since when, not "last 48 hours"
+    assert "Spot price, since" in html and "last 48 hours" not in html
+
+    # Two days of prices every 30 s (5,760 points, more than any fixed cut): each change is drawn, the oldest too.
+    SpotPrice.objects.all().delete()
+    start = now - timedelta(hours=47, minutes=59)
+    SpotPrice.objects.bulk_create([
+        SpotPrice(gpu_model="a100-80gb", at=start + timedelta(seconds=30 * i), free_share=1.0,
+                  factor=Decimal("0.6") if 100 <= i < 200 else Decimal("0.5"), price_per_gpu_hour=Decimal("1"))
+        for i in range(5750)])
+    html = client.get("/catalog/a100-80gb:3g.40gb:eu-west/").content.decode()
+    series = json.loads(re.search(r'<script id="spot-series" type="application/json">(.*?)</script>', html).group(1))
+    assert series["price"] == [0.5, 0.6, 0.5, 0.5] and series["t"][0] == int(start.timestamp())
+    assert "Spot price, last 48 hours" in html and 'data-points="2"' in html
     assert client.get("/catalog/a100-80gb:9g.1gb:eu-west/").status_code == 404
 
 
@@ -191,8 +206,11 @@ def test_the_calendar_shows_a_booked_window_as_taken(client, fleet, buyer):
                                        "window_start": (start + timedelta(hours=5)).strftime("%Y-%m-%dT%H:%M"),
                                        "window_end": (start + timedelta(hours=6)).strftime("%Y-%m-%dT%H:%M")})
     html = r.content.decode()
-    taken = re.findall(r'data-start="([^"]+)"[^>]*disabled aria-label="[^"]*busy"', html)
-    assert taken == [start.strftime("%Y-%m-%dT%H:%M")]
+    taken = re.findall(r'data-start="([^"]+)"[^>]*disabled aria-pressed="false" aria-label="[^"]*busy"', html)
+    assert taken == [start.strftime("%Y-%m-%d %H:%M")]
+    # the window asked for (typed as the browser's picker once sent it, with a T) is drawn as chosen by the server
+    chosen = re.findall(r'class="slot free chosen" data-start="([^"]+)"', html)
+    assert chosen == [(start + timedelta(hours=5)).strftime("%Y-%m-%d %H:%M")]
 
 
 # --- leases ---------------------------------------------------------------------------------------------------
@@ -297,7 +315,7 @@ def test_billing_shows_the_balance_ledger_statement_and_spending_in_a_fixed_numb
     leases.meter_tick(now=lease.started_at + timedelta(seconds=90))
     r, few = queries(client, "/billing/")
     html = r.content.decode()
-    assert 'id="balance"' in html and "usage" in html and 'id="spend-by-model"' in html and "h100-80gb" in html
+    assert 'id="balance"' in html and "usage" in html and 'id="spend-by-model"' in html and "H100-80GB" in html
     for _ in range(10):
         top_up(buyer, "1")
     r, many = queries(client, "/billing/")

@@ -77,7 +77,8 @@ def test_resale_proceeds_are_booked_under_the_sellers_project_and_the_purchase_u
     assert {c["kind"]: c["amount"] for c in mine["projects"][0]["other_charges"]} == {
         "reservation": "1.700000", "resale": "-0.720000"}
     theirs = client_for(buyer).get("/api/v1/statements/", {"month": month, "project": research.pk}).json()
-    assert theirs["projects"][0]["other_charges"] == [{"kind": "resale", "amount": "0.800000", "amount_usd": "0.80"}]
+    assert theirs["projects"][0]["other_charges"] == [{"kind": "resale", "label": "resale market", "amount": "0.800000",
+                                                       "amount_usd": "0.80"}]
     assert ledger_check() == []
 
 

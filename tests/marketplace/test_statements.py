@@ -103,10 +103,12 @@ def test_a_monthly_statement_is_correct_to_the_cent_per_project_and_slice(novemb
                                                       ("h100-80gb", "3g.40gb", 150, "0.150000", "0.15")]
     assert (by_name["train"]["usage_amount"], by_name["train"]["total_usd"]) == ("0.167143", "0.17")
     assert [(s["profile"], s["gpu_seconds"], s["amount_usd"]) for s in by_name["serve"]["slices"]] == [("whole", 60, "0.03")]
-    assert by_name["serve"]["other_charges"] == [{"kind": "reservation", "amount": "10.000000", "amount_usd": "10.00"}]
+    assert by_name["serve"]["other_charges"] == [{"kind": "reservation", "label": "reserved windows",
+                                                  "amount": "10.000000", "amount_usd": "10.00"}]
     assert by_name["serve"]["total_usd"] == "10.03"
     assert body["totals"] == {"gpu_seconds": 270, "usage_amount": "0.197143", "usage_amount_usd": "0.20",
-                              "other_charges_amount": "10.000000", "amount": "10.197143", "amount_usd": "10.20"}
+                              "other_charges_amount": "10.000000", "amount": "10.197143", "amount_usd": "10.20",
+                              "credits_amount": "0", "credits_amount_usd": "0.00"}
     wallet = body["wallet"]
     assert (wallet["opening_balance"], wallet["closing_balance"]) == ("99.940000", "89.742857")
     assert wallet["movements"] == {"reservation": "-10.000000", "usage": "-0.197143"}

@@ -102,7 +102,9 @@ def test_a_workload_only_lands_on_nodes_that_run_containers_and_allow_its_image(
     top_up(buyer, "10")
     with pytest.raises(Conflict) as err:
         place(buyer, WorkloadSpec(image="docker.io/library/ubuntu:24.04"), memory_gb=10)
-    assert "node runs no containers" in err.value.message and "image not allowed by the provider" in err.value.message
+    assert err.value.message == ("No GPU slice with 10 GB is free right now: of 2 GPUs, 1 is without containers (its "
+                                 "server runs none) and 1 is closed to your image by its provider.")
+    assert err.value.details["reasons"] == {"node runs no containers": 1, "image not allowed by the provider": 1}
     order = place(buyer, WorkloadSpec(image="ghcr.io/acme/trainer:3"), memory_gb=10)
     assert order.leases.get().slice.gpu.node_id == allowlisted.pk
     # an order without a workload still lands anywhere
