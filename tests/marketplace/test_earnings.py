@@ -60,7 +60,7 @@ def month(settings):
     run_lease(fleet, alice, project=secret, model="h100-80gb", memory_gb=10, start=at("2026-11-02T10:00"),
               ticks=[], end=at("2026-11-02T10:01"))
     # 20% of the 10:00-10:01 minute refunded (say, the node fell silent): taken back out of earnings.
-    usage = LedgerTransaction.objects.get(kind="usage", memo__contains="10:00:00-10:01:00",
+    usage = LedgerTransaction.objects.get(kind="usage", memo__contains="10:00:00–10:01:00",
                                           created_at=at("2026-10-05T10:00"))
     dated(movements.refund(original=usage, idempotency_key="partial", amount=D("0.012")), at("2026-10-06T08:00"))
     # Bob books 3 hours of the L4 ahead: 3 x 0.85 = 2.55, paid when booked (on 10 October).
