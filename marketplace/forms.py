@@ -15,6 +15,10 @@ from nodeagent.runtime.base import NOTICE_PATH
 VERSION = r"^\d{1,3}(\.\d{1,3}){0,2}$"
 
 
+class NodeRenameForm(forms.Form):
+    name = forms.CharField(label="Name", max_length=80, help_text="Unique among your nodes.")
+
+
 class NodeRegisterForm(forms.Form):
     name = forms.CharField(max_length=80, help_text="A name you will recognise, e.g. rack3-h100-01.")
     region = forms.CharField(max_length=40, initial="eu-west", help_text="Where the server is, e.g. eu-west, us-east.")
@@ -44,8 +48,20 @@ class NodeSettingsForm(forms.Form):
         return [line.strip() for line in self.cleaned_data["image_allowlist"].splitlines() if line.strip()]
 
 
+SCOPE_CHOICES = [("read", "read: see your orders, leases, money and nodes"),
+                 ("trade", "trade: order, end leases, bid, resell, top up"),
+                 ("provide", "provide: register and manage nodes, payouts")]
+
+
 class ApiKeyForm(forms.Form):
     name = forms.CharField(label="Key name", max_length=80, help_text="What uses it, e.g. ci-runner.")
+    scopes = forms.MultipleChoiceField(label="What it may do", choices=SCOPE_CHOICES,
+                                       widget=forms.CheckboxSelectMultiple,
+                                       error_messages={"required": "Choose at least one scope."})
+
+    def __init__(self, *args, default_scopes=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["scopes"].initial = list(default_scopes)
 
 
 class SshKeyForm(forms.Form):

@@ -35,6 +35,8 @@ urlpatterns = [
     path("nodes/<uuid:node_id>/gpus/<int:gpu_id>/health/", views.gpu_health, name="gpu-health"),
     path("nodes/<uuid:node_id>/drain/", views.node_drain, name="node-drain"),
     path("nodes/<uuid:node_id>/settings/", views.node_settings, name="node-settings"),
+    path("nodes/<uuid:node_id>/rename/", views.node_rename, name="node-rename"),
+    path("nodes/<uuid:node_id>/delete/", views.node_delete, name="node-delete"),
     # account
     path("account/", views.account, name="account"),
     path("account/notifications/", views.notifications_save, name="notifications"),

@@ -33,6 +33,10 @@ class MarketPort(Protocol):
     def slice_holder(self, *, sl: "Slice") -> str | None:
         """Asked before a provider destroys a slice by hand: a sentence naming who holds it, or None."""
 
+    def node_holders(self, *, node_id) -> str | None:
+        """Asked before a provider deletes a node: what buyers hold there (open leases, reservations whose window
+        has not ended), in words, or None."""
+
     def workload_state(self, *, node_id, frame: dict) -> None:
         """The agent reports a container's state (protocol `workload` frame)."""
 
@@ -52,6 +56,7 @@ class _NoMarket:
     def slice_destroyed(self, *, sl, at): return None
     def node_offline(self, *, node_id, at): return None
     def slice_holder(self, *, sl): return None
+    def node_holders(self, *, node_id): return None
     def workload_state(self, *, node_id, frame): return None
     def workload_output(self, *, node_id, frame): return None
     def workloads_found(self, *, node_id, found): return None

@@ -1,10 +1,13 @@
 """The market's side of the fleet port (scheduler/ports.py): fleet facts move leases, and a slice a buyer's
-open lease holds is not the provider's to destroy by hand. Registered in MarketplaceConfig.ready()."""
+open lease holds is not the provider's to destroy by hand, nor a node with such leases or reservations its to
+delete. Registered in MarketplaceConfig.ready()."""
 from __future__ import annotations
 
 from datetime import datetime
 
-from marketplace.models import Lease
+from django.utils import timezone
+
+from marketplace.models import Lease, Reservation
 
 from . import leases
 
@@ -39,3 +42,11 @@ class FleetFacts:
         if lease is None:
             return None
         return f"this slice runs a buyer's lease ({str(lease.pk)[:8]}, {lease.get_state_display()})"
+
+    def node_holders(self, *, node_id) -> str | None:
+        leases = Lease.objects.filter(slice__gpu__node_id=node_id, state__in=Lease.OPEN_STATES).count()
+        windows = Reservation.objects.filter(gpu__node_id=node_id, state__in=Reservation.LIVE_STATES,
+                                             ends_at__gt=timezone.now()).count()
+        said = [f"{n} {what}{'s' if n > 1 else ''}" for n, what in ((leases, "open lease"), (windows, "reservation"))
+                if n]
+        return " and ".join(said) or None

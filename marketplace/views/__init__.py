@@ -3,8 +3,8 @@ from .account import (account, api_key_create, api_key_revoke, notifications_sav
                       project_delete, ssh_key_add, ssh_key_delete)
 from .billing import balance_fragment, billing, statement_csv, topup  # noqa: F401
 from .catalog import catalog, unit_detail  # noqa: F401
-from .fleet import (gpu_health, home, node_detail, node_drain, node_gpus_fragment, node_register,  # noqa: F401
-                    node_settings, nodes)
+from .fleet import (gpu_health, home, node_delete, node_detail, node_drain, node_gpus_fragment,  # noqa: F401
+                    node_register, node_rename, node_settings, nodes)
 from .leases import jobs, lease_detail, lease_end, lease_facts, lease_logs, leases, order_cancel  # noqa: F401
 from .orders import order, order_preview  # noqa: F401
 from .resale import list_for_resale, listing_cancel, resale_buy, resale_market, reservations  # noqa: F401

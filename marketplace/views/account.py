@@ -28,7 +28,8 @@ def _page(request, *, key_form=None, project_form=None, notification_form=None, 
         "notification_form": notification_form or _notification_form(request.user),
         "keys": ApiKey.objects.filter(user=request.user).order_by("-created_at"),
         "projects": Project.objects.filter(user=request.user).order_by("name"),
-        "key_form": key_form or ApiKeyForm(), "project_form": project_form or ProjectForm(prefix="project"),
+        "key_form": key_form or ApiKeyForm(default_scopes=apikeys.default_scopes(user=request.user)),
+        "project_form": project_form or ProjectForm(prefix="project"),
         "secret": secret, "new_key": new_key, "nav": "account"}, status=status)
 
 
@@ -58,7 +59,8 @@ def api_key_create(request):
     form = ApiKeyForm(request.POST)
     if form.is_valid():
         try:
-            key, secret = apikeys.api_key_create(user=request.user, name=form.cleaned_data["name"])
+            key, secret = apikeys.api_key_create(user=request.user, name=form.cleaned_data["name"],
+                                                 scopes=form.cleaned_data["scopes"])
         except DomainError as exc:
             add_domain_error(form, exc)
         else:
@@ -76,7 +78,8 @@ def api_key_revoke(request, key_id):
     except ApiKey.DoesNotExist:
         messages.error(request, "No such API key among yours.")
     else:
-        messages.success(request, f"API key “{key.name}” is revoked: requests with it are refused from now on.")
+        messages.success(request, f"API key “{key.name}” is revoked, with the keys made with it: requests with them "
+                                  f"are refused from now on.")
     return redirect("console:account")
 
 

@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from marketplace.management import localstripe
-from tests.e2e.livestack import LiveStack, ROOT, wait_until
+from tests.e2e.livestack import ROOT, StripeStack, wait_until
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
@@ -45,22 +44,11 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
-class BrowserStack(LiveStack):
+class BrowserStack(StripeStack):
     """The e2e live stack plus localstripe (with the webhook registered) and a few users with passwords."""
 
     def start(self) -> "BrowserStack":
-        if not localstripe.available():
-            raise RuntimeError("localstripe is not installed: pip install -r requirements-dev.txt")
-        self.stripe_port = localstripe.free_port()
-        self.stripe_base = f"http://127.0.0.1:{self.stripe_port}"
-        self.env.update({"STRIPE_SECRET_KEY": "sk_test_browser", "STRIPE_PUBLISHABLE_KEY": "pk_test_browser",
-                         "STRIPE_API_BASE": self.stripe_base, "STRIPE_WEBHOOK_SECRET": "whsec_browser_tests"})
-        self._spawn("localstripe", localstripe.argv(port=self.stripe_port)[1:])
-        if not localstripe.wait_until_listening(port=self.stripe_port):
-            raise RuntimeError("localstripe did not start")
         super().start()
-        localstripe.register_webhook(api_base=self.stripe_base, url=f"{self.url}/stripe/webhook/",
-                                     secret=self.env["STRIPE_WEBHOOK_SECRET"])
         self._run("manage.py", "shell", "-c", SEED_USERS % (json.dumps(USERS), PASSWORD))
         return self
 

@@ -95,7 +95,8 @@ class LiveStack:
         self.web_args = tuple(web_args)
         self.agent_args = tuple(agent_args)  # e.g. the container runtime: --runtime docker --engine-url ...
         base = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-        self.env = {**base, "DJANGO_SETTINGS_MODULE": "config.settings.dev", "DJANGO_DEBUG": "1",
+        # The demo's settings, DEBUG off as in the demo and production: an error is the product's, not a traceback.
+        self.env = {**base, "DJANGO_SETTINGS_MODULE": "config.settings.dev", "DJANGO_DEBUG": "0",
                     "GPUMARKET_VAR_DIR": str(tmp), "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING",
                     **(env or {})}
         self.spec = nodes
@@ -240,6 +241,27 @@ class LiveStack:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+class StripeStack(LiveStack):
+    """The live stack with a local fake Stripe (localstripe) on loopback, its webhook registered: top-ups work."""
+
+    def start(self) -> "StripeStack":
+        from marketplace.management import localstripe
+
+        if not localstripe.available():
+            raise RuntimeError("localstripe is not installed: pip install -r requirements-dev.txt")
+        self.stripe_port = localstripe.free_port()
+        self.stripe_base = f"http://127.0.0.1:{self.stripe_port}"
+        self.env.update({"STRIPE_SECRET_KEY": "sk_test_live_stack", "STRIPE_PUBLISHABLE_KEY": "pk_test_live_stack",
+                         "STRIPE_API_BASE": self.stripe_base, "STRIPE_WEBHOOK_SECRET": "whsec_live_stack"})
+        self._spawn("localstripe", localstripe.argv(port=self.stripe_port)[1:])
+        if not localstripe.wait_until_listening(port=self.stripe_port):
+            raise RuntimeError("localstripe did not start")
+        super().start()
+        localstripe.register_webhook(api_base=self.stripe_base, url=f"{self.url}/stripe/webhook/",
+                                     secret=self.env["STRIPE_WEBHOOK_SECRET"])
+        return self
 
 
 def call_api(base: str, method: str, path: str, body: dict | None = None, *, key: str,
