@@ -211,6 +211,8 @@ if FLEET["AGENT_METRICS_RATE"] * FLEET["METRICS_INTERVAL_SECONDS"] < 1.5:
 REST_FRAMEWORK = {
     # Writes are one JSON object everywhere (anything else is a 400 or a 415 in the one error shape).
     "DEFAULT_PARSER_CLASSES": ["marketplace.api.json_only.JSONObjectParser"],
+    # Answers are JSON (no HTML browsable API: people read the schema at /api/docs/); a statement is CSV on request.
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "marketplace.api.auth.ApiKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",

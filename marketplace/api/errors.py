@@ -57,8 +57,8 @@ def exception_handler(exc, context):
     response = _error_response(exc, context)
     request = context.get("request")
     renderer = getattr(request, "accepted_renderer", None)
-    if response is not None and renderer is not None and renderer.format not in ("json", "api"):
-        # A request for another format (?format=csv) still gets its error as JSON (the browsable API shows it too).
+    if response is not None and renderer is not None and renderer.format != "json":
+        # A request for another format (?format=csv) still gets its error as JSON.
         request.accepted_renderer, request.accepted_media_type = JSONRenderer(), JSONRenderer.media_type
     return response
 

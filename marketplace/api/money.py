@@ -407,7 +407,7 @@ class UsageRecordViewSet(viewsets.ReadOnlyModelViewSet):
 class StatementViewSet(viewsets.ViewSet):
     """GET ?month=YYYY-MM&project=ID: the month per project and slice; ?format=csv for a spreadsheet."""
 
-    renderer_classes = [renderers.JSONRenderer, renderers.BrowsableAPIRenderer, CSVRenderer]
+    renderer_classes = [renderers.JSONRenderer, CSVRenderer]
     error_statuses = {"list": (404,)}  # a project that is not yours
 
     @extend_schema(operation_id="statements_retrieve", parameters=[StatementQuerySerializer], responses={

@@ -158,3 +158,11 @@ def test_a_csv_request_gets_its_error_as_json():
     r = APIClient().get("/api/v1/statements/", {"format": "csv", "month": "2026-13"}, **key_for(UserFactory()))
     error = assert_error(r, 400, "invalid")
     assert error["fields"] == {"month": ["month is YYYY-MM, e.g. 2026-11"]}
+
+
+def test_a_browser_asking_the_api_for_html_gets_json():
+    client = APIClient()
+    client.force_login(UserFactory())
+    for path in ("/api/v1/orders/", "/api/v1/nope/"):
+        r = client.get(path, HTTP_ACCEPT="text/html,application/xhtml+xml,*/*;q=0.8")
+        assert r["Content-Type"].startswith("application/json"), (path, r["Content-Type"])

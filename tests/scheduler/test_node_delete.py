@@ -56,6 +56,10 @@ def test_a_node_is_renamed_through_the_api_and_a_name_in_use_is_a_409_naming_the
     assert node.name == "rack1-h100" and node.cpus_per_gpu == 8  # nothing of the refused PATCH was written
     r = c.patch(f"/api/v1/nodes/{node.pk}/", {"name": ""}, format="json")
     assert r.status_code == 400 and "name" in r.json()["error"]["fields"]
+    r = c.patch(f"/api/v1/nodes/{node.pk}/", {"name": "rack9", "port_range_start": 30000, "port_range_end": 25000},
+                format="json")
+    assert r.status_code == 400 and "port_range_start" in r.json()["error"]["fields"]
+    assert Node.objects.get(pk=node.pk).name == "rack1-h100"  # the rename went with the refused terms
 
 
 @pytest.mark.django_db
