@@ -7,6 +7,7 @@ from decimal import Decimal
 from django import forms
 from django.core.validators import MaxValueValidator
 
+from marketplace.products.apikeys import SCOPE_SAID
 from marketplace.products.catalog import SORTS
 from marketplace.products.orders import ORDER_BOUNDS, max_duration_seconds
 from marketplace.products.workloads import WORKLOAD_BOUNDS
@@ -48,14 +49,10 @@ class NodeSettingsForm(forms.Form):
         return [line.strip() for line in self.cleaned_data["image_allowlist"].splitlines() if line.strip()]
 
 
-SCOPE_CHOICES = [("read", "read: see your orders, leases, money and nodes"),
-                 ("trade", "trade: order, end leases, bid, resell, top up"),
-                 ("provide", "provide: register and manage nodes, payouts")]
-
-
 class ApiKeyForm(forms.Form):
     name = forms.CharField(label="Key name", max_length=80, help_text="What uses it, e.g. ci-runner.")
-    scopes = forms.MultipleChoiceField(label="What it may do", choices=SCOPE_CHOICES,
+    scopes = forms.MultipleChoiceField(label="What it may do", choices=[(s, f"{s}: {said}")
+                                                                        for s, said in SCOPE_SAID.items()],
                                        widget=forms.CheckboxSelectMultiple,
                                        error_messages={"required": "Choose at least one scope."})
 

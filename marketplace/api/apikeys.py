@@ -12,8 +12,7 @@ from marketplace.api.scopes import WITHIN_OWN_SCOPES
 from marketplace.models import ApiKey
 from marketplace.products import apikeys
 
-SCOPES_HELP = ("read: GET what you may see; trade: buy, end, bid, resell, top up, projects and SSH keys; provide: "
-               "nodes, GPUs, slices and payouts")
+SCOPES_HELP = "; ".join(f"{scope}: {said}" for scope, said in apikeys.SCOPE_SAID.items())
 
 
 class ApiKeySerializer(serializers.ModelSerializer):

@@ -14,8 +14,11 @@ from marketplace.models import ApiKey
 from scheduler.errors import DomainError, PermissionDenied
 
 KEY_PREFIX = "gpm_key_"
-# `read`: GET what the user may see; `trade`: buy, end, bid, list, top up; `provide`: nodes and payouts.
 SCOPES = ("read", "trade", "provide")
+# What each scope lets a key do, as the console's form, the API's schema and docs/api.md say it.
+SCOPE_SAID = {"read": "see your orders, leases, money, nodes and keys, and watch them live",
+              "trade": "order, end leases, bid, resell, top up, projects and SSH keys",
+              "provide": "register and manage nodes, GPUs and slices, payouts"}
 # Checked by default on the console's form: what a buyer's script needs; a provider's gets `provide` too.
 BUYER_SCOPES = ("read", "trade")
 

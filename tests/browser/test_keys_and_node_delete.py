@@ -16,9 +16,9 @@ def test_a_key_made_with_only_the_read_scope_reads_and_cannot_order(stack, new_p
     page = new_page()
     login(page, "buyer-cat")
     page.goto("/account/")
-    read = page.get_by_label("read: see your orders, leases, money and nodes")
-    trade = page.get_by_label("trade: order, end leases, bid, resell, top up")
-    provide = page.get_by_label("provide: register and manage nodes, payouts")
+    read = page.get_by_label("read: see your orders, leases, money, nodes and keys, and watch them live")
+    trade = page.get_by_label("trade: order, end leases, bid, resell, top up, projects and SSH keys")
+    provide = page.get_by_label("provide: register and manage nodes, GPUs and slices, payouts")
     assert read.is_checked() and trade.is_checked() and not provide.is_checked()  # a buyer's defaults
     keys = page.locator("#api-keys")
     keys.get_by_label("Key name").fill("dashboard")
@@ -38,7 +38,7 @@ def test_a_key_made_with_only_the_read_scope_reads_and_cannot_order(stack, new_p
 
     # No scope at all is refused beside the boxes, and the name is kept.
     keys.get_by_label("Key name").fill("nothing")
-    for box in (read, page.get_by_label("trade: order, end leases, bid, resell, top up")):
+    for box in (read, trade):
         box.uncheck()
     page.get_by_role("button", name="Create key").click()
     assert page.locator("#id_scopes_error").inner_text() == "Choose at least one scope."
