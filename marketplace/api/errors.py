@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 
 from django.conf import settings
-from django.core.exceptions import ObjectDoesNotExist
+from django.core.exceptions import ObjectDoesNotExist, SuspiciousOperation
 from django.db import OperationalError
 from django.http import Http404, JsonResponse
 from django.urls import Resolver404, resolve
@@ -75,6 +75,9 @@ def _error_response(exc, context):
                         status=status.HTTP_503_SERVICE_UNAVAILABLE, headers={"Retry-After": str(RETRY_AFTER_SECONDS)})
     if isinstance(exc, (Http404, ObjectDoesNotExist)):
         return Response(error_body("not_found", "not found"), status=status.HTTP_404_NOT_FOUND)
+    if isinstance(exc, SuspiciousOperation):  # Django's refusal of a malformed request (a header, a path)
+        return Response(error_body("bad_request", "the request could not be understood"),
+                        status=status.HTTP_400_BAD_REQUEST)
     response = drf_handler(exc, context)
     if response is None:
         if settings.DEBUG:

@@ -172,3 +172,29 @@ def test_a_key_used_many_times_a_minute_writes_its_row_once():
         for _ in range(3):
             client.get("/api/v1/orders/")
     assert not [x for x in q if x["sql"].startswith("UPDATE")] and ApiKey.objects.get(user=user).last_used_at == first
+
+
+@pytest.mark.parametrize("provider", [False, True])
+def test_the_consoles_key_form_checks_read_and_trade_and_provide_for_a_provider(client, provider):
+    user = UserFactory()
+    if provider:
+        from tests.factories import node_with_token
+
+        node_with_token(provider=user)
+    client.force_login(user)
+    html = client.get("/account/").content.decode()
+    checked = set(re.findall(r'<input type="checkbox" name="scopes" value="(\w+)"[^>]*checked', html))
+    assert checked == ({"read", "trade", "provide"} if provider else {"read", "trade"})
+
+
+def test_the_consoles_key_list_shows_each_keys_scopes(client):
+    user = UserFactory()
+    api_key_create(user=user, name="reader", scopes=["read"])
+    client.force_login(user)
+    r = client.post("/account/keys/", {"name": "ops", "scopes": ["read", "provide"]})
+    assert "It may: read, provide." in r.content.decode()
+    rows = re.findall(r"<tr>\s*<td>(\w+)</td>.*?</tr>", r.content.decode(), re.S)
+    assert rows == ["ops", "reader"]
+    row = re.search(r"<td>reader</td>(.*?)</tr>", r.content.decode(), re.S).group(1)
+    assert '<span class="pill">read</span>' in row and "trade" not in row
+    assert ApiKey.objects.get(name="ops").scopes == ["read", "provide"]

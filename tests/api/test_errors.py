@@ -166,3 +166,16 @@ def test_a_browser_asking_the_api_for_html_gets_json():
     for path in ("/api/v1/orders/", "/api/v1/nope/"):
         r = client.get(path, HTTP_ACCEPT="text/html,application/xhtml+xml,*/*;q=0.8")
         assert r["Content-Type"].startswith("application/json"), (path, r["Content-Type"])
+
+
+def test_a_request_django_finds_suspicious_is_a_400_not_a_500(monkeypatch):
+    from django.core.exceptions import SuspiciousOperation
+
+    from scheduler import selectors
+
+    def suspicious(**kw):
+        raise SuspiciousOperation("a header Django refuses")
+
+    monkeypatch.setattr(selectors, "node_list", suspicious)
+    r = Client(raise_request_exception=False).get("/api/v1/nodes/", **key_for(UserFactory()))
+    assert_error(r, 400, "bad_request")
