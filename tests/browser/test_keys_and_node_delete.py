@@ -32,7 +32,7 @@ def test_a_key_made_with_only_the_read_scope_reads_and_cannot_order(stack, new_p
     screenshot(page, request)
 
     status, body = call_api(stack.url, "GET", "/api/v1/orders/", key=secret)
-    assert status == 200 and body["count"] == 0
+    assert status == 200 and len(body["results"]) == min(body["count"], 50)  # (other tests order as this buyer)
     status, body = call_api(stack.url, "POST", "/api/v1/orders/", {"mode": "on_demand"}, key=secret)
     assert status == 403 and body["error"]["code"] == "missing_scope" and body["error"]["details"] == {"scope": "trade"}
 
