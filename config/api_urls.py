@@ -2,6 +2,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
+from marketplace.api.apikeys import ApiKeyViewSet
 from marketplace.api.catalog import OfferList
 from marketplace.api.market import (BidViewSet, LeaseViewSet, OrderViewSet, ReservationViewSet,
                                     ResaleListingViewSet, SpotPriceViewSet)
@@ -34,6 +35,7 @@ router.register("resale-listings", ResaleListingViewSet, basename="resale-listin
 router.register("bids", BidViewSet, basename="bid")
 router.register("templates", TemplateViewSet, basename="template")
 router.register("ssh-keys", SshKeyViewSet, basename="ssh-key")
+router.register("api-keys", ApiKeyViewSet, basename="api-key")
 
 urlpatterns = router.urls
 urlpatterns += [path("offers/", OfferList.as_view(), name="offer-list")]

@@ -7,6 +7,7 @@ from decimal import Decimal
 from django import forms
 from django.core.validators import MaxValueValidator
 
+from marketplace.products.apikeys import SCOPE_SAID
 from marketplace.products.catalog import SORTS
 from marketplace.products.orders import ORDER_BOUNDS, max_duration_seconds
 from marketplace.products.workloads import WORKLOAD_BOUNDS
@@ -24,6 +25,8 @@ def utc_input() -> forms.DateTimeInput:
     return forms.DateTimeInput(format=UTC_FORMAT, attrs={"placeholder": "2026-12-01 14:00", "inputmode": "numeric",
                                                           "autocomplete": "off", "size": 16,
                                                           "pattern": r"\d{4}-\d{2}-\d{2}[ T]\d{2}:\d{2}(:\d{2})?"})
+class NodeRenameForm(forms.Form):
+    name = forms.CharField(label="Name", max_length=80, help_text="Unique among your nodes.")
 
 
 class NodeRegisterForm(forms.Form):
@@ -57,6 +60,14 @@ class NodeSettingsForm(forms.Form):
 
 class ApiKeyForm(forms.Form):
     name = forms.CharField(label="Key name", max_length=80, help_text="What uses it, e.g. ci-runner.")
+    scopes = forms.MultipleChoiceField(label="What it may do", choices=[(s, f"{s}: {said}")
+                                                                        for s, said in SCOPE_SAID.items()],
+                                       widget=forms.CheckboxSelectMultiple,
+                                       error_messages={"required": "Choose at least one scope."})
+
+    def __init__(self, *args, default_scopes=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["scopes"].initial = list(default_scopes)
 
 
 class SshKeyForm(forms.Form):

@@ -2,7 +2,7 @@
 else the account's URL when that kind is on. Webhook URLs are http(s) to public addresses only (no SSRF into
 the platform's network): loopback, private, link-local, reserved and multicast addresses are refused, at
 save time for literal addresses and names like localhost, and again at delivery for the addresses a name
-resolves to. settings.DEBUG (the demo) allows loopback, never private ranges."""
+resolves to. settings.WEBHOOKS_ALLOW_LOOPBACK (the demo) allows loopback, never private ranges."""
 from __future__ import annotations
 
 import ipaddress
@@ -22,7 +22,7 @@ def _address_problem(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str |
     if getattr(ip, "ipv4_mapped", None):
         ip = ip.ipv4_mapped
     if ip.is_loopback:
-        return None if settings.DEBUG else "a loopback address"
+        return None if settings.WEBHOOKS_ALLOW_LOOPBACK else "a loopback address"
     if ip.is_unspecified or ip.is_multicast or ip.is_reserved:
         return "an address that is not public"
     if ip.is_link_local:
@@ -47,7 +47,7 @@ def webhook_url_check(url: str, *, field: str = "webhook_url", resolve: bool = F
     if not host:
         raise DomainError("a webhook URL names a host", field=field)
     if host.lower().rstrip(".") in LOCAL_NAMES or host.lower().endswith(".localhost"):
-        if not settings.DEBUG:
+        if not settings.WEBHOOKS_ALLOW_LOOPBACK:
             raise DomainError("a webhook URL cannot point at this machine (localhost)", field=field)
         return url
     try:

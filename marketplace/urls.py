@@ -43,6 +43,8 @@ urlpatterns = [
     path("earnings/payout-account/refresh/", views.payout_account_refresh, name="payout-account-refresh"),
     path("earnings/payout-account/return/", views.payout_account_return, name="payout-account-return"),
     path("provider/", views.provider, name="provider"),
+    path("nodes/<uuid:node_id>/rename/", views.node_rename, name="node-rename"),
+    path("nodes/<uuid:node_id>/delete/", views.node_delete, name="node-delete"),
     # account
     path("account/", views.account, name="account"),
     path("account/two-factor/", views.two_factor, name="two-factor"),

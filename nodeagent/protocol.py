@@ -66,7 +66,7 @@ E_INTERNAL = "internal"
 
 # Websocket close codes the server ends an agent's socket with.
 CLOSE_BAD_FRAME = 4400  # malformed frames (or persistent flooding)
-CLOSE_UNAUTHORISED = 4401  # unknown, missing or rotated token
+CLOSE_UNAUTHORISED = 4401  # unknown, missing or rotated token, or a deleted node
 CLOSE_FORBIDDEN = 4403  # a hello naming another node's GPU
 CLOSE_REPLACED = 4409  # a newer connection of the same node took over
 

@@ -1,23 +1,28 @@
-"""REST API of the fleet: nodes (register, token shown once), GPUs (cordon/uncordon), slices."""
+"""REST API of the fleet: nodes (register with the token shown once, rename and set terms, drain, rotate the token,
+delete), GPUs (cordon/uncordon), slices. Writes need an API key's `provide` scope (marketplace/api/scopes.py)."""
 from __future__ import annotations
 
 import shlex
 
-from django.db import transaction
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
 from scheduler import selectors
+from scheduler.errors import NotFound
 from scheduler.models import Gpu, Node, Slice
 from scheduler.services import health as health_services, nodes as node_services, slices as slice_services
-from scheduler.services.nodes import NODE_SETTINGS_BOUNDS
+from scheduler.services.nodes import MAX_NAME, NODE_SETTINGS_BOUNDS
+
+FLEET_SCOPE = "provide"
 
 
 class NodeSerializer(serializers.ModelSerializer):
     gpu_count = serializers.IntegerField(read_only=True)
     cordoned_count = serializers.IntegerField(read_only=True)
+    image_allowlist = serializers.ListField(child=serializers.CharField(), read_only=True,
+                                            help_text="image reference prefixes buyers may run here (empty: any)")
 
     class Meta:
         model = Node
@@ -28,9 +33,28 @@ class NodeSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class NodeSettingsSerializer(serializers.Serializer):
-    """A provider's terms for buyers' containers on a node (PATCH /nodes/{id}/); every field optional."""
+class NodeWithTokenSerializer(NodeSerializer):
+    """A node just registered: its agent token, shown this once (only its hash is kept), and the command that
+    starts its agent."""
 
+    token = serializers.CharField(read_only=True)
+    agent_command = serializers.CharField(read_only=True)
+
+    class Meta(NodeSerializer.Meta):
+        fields = NodeSerializer.Meta.fields + ["token", "agent_command"]
+        read_only_fields = fields
+
+
+class TokenSerializer(serializers.Serializer):
+    token = serializers.CharField(help_text="the node's new agent token, shown this once")
+    agent_command = serializers.CharField(help_text="the command that starts the agent with it")
+
+
+class NodeSettingsSerializer(serializers.Serializer):
+    """A provider's settings of a node (PATCH /nodes/{id}/): its name, and its terms for buyers' containers;
+    every field optional."""
+
+    name = serializers.CharField(max_length=MAX_NAME, required=False, help_text="a new name, unique among yours")
     public_address = serializers.CharField(max_length=255, required=False, allow_blank=True,
                                            help_text="where buyers reach published ports (empty: the hostname)")
     port_range_start = serializers.IntegerField(min_value=1024, max_value=65535, required=False)
@@ -47,10 +71,16 @@ class NodeSettingsSerializer(serializers.Serializer):
 
 
 class NodeRegisterSerializer(serializers.Serializer):
-    name = serializers.CharField(max_length=80)
+    name = serializers.CharField(max_length=MAX_NAME)
     region = serializers.CharField(max_length=40, required=False, default="eu-west")
     price_per_gpu_hour = serializers.DecimalField(max_digits=10, decimal_places=4, min_value=0, max_value=1000,
-                                                  required=False)
+                                                  required=False, help_text="base price of a whole GPU-hour (USD)")
+
+
+class NodeFilterSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=[s for s in Node.Status.values if s != Node.Status.DELETED],
+                                     required=False)
+    region = serializers.CharField(max_length=40, required=False)
 
 
 class LatestSerializer(serializers.Serializer):
@@ -67,7 +97,7 @@ class LatestSerializer(serializers.Serializer):
 
 class GpuSerializer(serializers.ModelSerializer):
     node = serializers.UUIDField(source="node_id", read_only=True)
-    model = serializers.CharField(source="gpu_model.key", default=None, read_only=True)
+    model = serializers.CharField(source="gpu_model.key", default=None, read_only=True, allow_null=True)
     latest = serializers.SerializerMethodField()
 
     class Meta:
@@ -76,9 +106,21 @@ class GpuSerializer(serializers.ModelSerializer):
                   "health_reason", "cordoned_by", "latest"]
         read_only_fields = fields
 
+    @extend_schema_field(LatestSerializer(allow_null=True))
     def get_latest(self, gpu: Gpu) -> dict | None:
         latest = getattr(gpu, "latest", None)
         return LatestSerializer(latest).data if latest else None
+
+
+class GpuFilterSerializer(serializers.Serializer):
+    node = serializers.UUIDField(required=False, help_text="a node's id")
+    health = serializers.ChoiceField(choices=Gpu.Health.choices, required=False)
+    model = serializers.SlugField(max_length=40, required=False, help_text="a GPU model key, like h100-80gb")
+
+
+class CordonSerializer(serializers.Serializer):
+    reason = serializers.CharField(max_length=150, required=False, allow_blank=True,
+                                   help_text="why (default: cordoned by its provider)")
 
 
 class SliceSerializer(serializers.ModelSerializer):
@@ -100,46 +142,56 @@ class SliceCreateSerializer(serializers.Serializer):
     start = serializers.IntegerField(min_value=0, max_value=15, required=False)
 
 
+class SliceFilterSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(choices=Slice.State.choices, required=False)
+
+
 class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """A provider's nodes. POST registers one and returns its agent token once; PATCH sets its terms for
-    buyers' containers (public address, host port range, CPUs and RAM per GPU, allowed images)."""
+    """A provider's nodes. POST registers one and returns its agent token once; PATCH renames it and sets its terms
+    for buyers' containers; DELETE deletes it (409 while buyers' leases or reservations are on it)."""
 
     serializer_class = NodeSerializer
+    queryset = Node.objects.none()  # the schema's path types; requests use get_queryset
+    filter_serializer = NodeFilterSerializer
+    write_scope = FLEET_SCOPE
+    error_statuses = {"create": (409,), "partial_update": (409,), "destroy": (409,)}
 
     def get_queryset(self):
-        qs = selectors.node_list(user=self.request.user)
-        for field in ("status", "region"):
-            if self.request.query_params.get(field):
-                qs = qs.filter(**{field: self.request.query_params[field]})
-        return qs
+        return selectors.node_list(user=self.request.user)
 
+    @extend_schema(request=NodeRegisterSerializer, responses={201: NodeWithTokenSerializer})
     def create(self, request):
         data = NodeRegisterSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         node, token = node_services.node_register(provider=request.user, **data.validated_data)
-        body = NodeSerializer(selectors.node_get(user=request.user, node_id=node.pk)).data
-        body["token"] = token
-        body["agent_command"] = agent_command_line(request, token)
-        return Response(body, status=status.HTTP_201_CREATED)
+        node = selectors.node_get(user=request.user, node_id=node.pk)
+        node.token, node.agent_command = token, agent_command_line(request, token)
+        return Response(NodeWithTokenSerializer(node).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=NodeSettingsSerializer, responses=NodeSerializer)
+    @extend_schema(request=NodeSettingsSerializer, responses={200: NodeSerializer})
     def partial_update(self, request, pk=None):
         node = self.get_object()
         data = NodeSettingsSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        with transaction.atomic():
-            node_services.node_settings_update(node=node, **data.validated_data)
+        node_services.node_settings_update(node=node, **data.validated_data)
         return Response(NodeSerializer(selectors.node_get(user=request.user, node_id=node.pk)).data)
 
+    @extend_schema(responses={204: None})
+    def destroy(self, request, pk=None):
+        node_services.node_delete(node=self.get_object(), by=request.user.get_username())
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=None, responses=NodeSerializer)
     @action(detail=True, methods=["post"])
     def drain(self, request, pk=None):
         node = node_services.node_drain(node=self.get_object())
         return Response(NodeSerializer(selectors.node_get(user=request.user, node_id=node.pk)).data)
 
+    @extend_schema(request=None, responses=TokenSerializer)
     @action(detail=True, methods=["post"], url_path="rotate-token")
     def rotate_token(self, request, pk=None):
         token = node_services.node_rotate_token(node=self.get_object())
-        return Response({"token": token, "agent_command": agent_command_line(request, token)})
+        return Response(TokenSerializer({"token": token, "agent_command": agent_command_line(request, token)}).data)
 
 
 def agent_command_line(request, token: str) -> str:
@@ -151,26 +203,33 @@ def agent_command_line(request, token: str) -> str:
 
 
 class GpuViewSet(viewsets.ReadOnlyModelViewSet):
+    """The provider's GPUs with their MIG geometry, health and latest metrics; cordon/ and uncordon/ take one out
+    of placement and back."""
+
     serializer_class = GpuSerializer
+    queryset = Gpu.objects.none()
     lookup_field = "uuid"
     lookup_value_regex = "[^/]+"
+    filter_serializer = GpuFilterSerializer
+    filter_fields = {"node": "node_id", "model": "gpu_model__key"}
+    write_scope = FLEET_SCOPE
 
     def get_queryset(self):
-        qs = selectors.gpu_list(user=self.request.user)
-        for param, field in (("node", "node_id"), ("health", "health"), ("model", "gpu_model__key")):
-            if self.request.query_params.get(param):
-                qs = qs.filter(**{field: self.request.query_params[param]})
-        return qs
+        return selectors.gpu_list(user=self.request.user)
 
+    @extend_schema(request=CordonSerializer, responses=GpuSerializer)
     @action(detail=True, methods=["post"])
     def cordon(self, request, uuid=None):
         gpu = self.get_object()
+        data = CordonSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
         default = "cordoned by an operator" if request.user.is_staff else "cordoned by its provider"
-        reason = str(request.data.get("reason") or default)[:150]
+        reason = data.validated_data.get("reason") or default
         health_services.gpu_cordon(gpu_id=gpu.pk, reason=reason, by=request.user.get_username(),
                                    source=health_services.cordon_source_of(request.user))
         return Response(GpuSerializer(self.get_queryset().get(pk=gpu.pk)).data)
 
+    @extend_schema(request=None, responses=GpuSerializer)
     @action(detail=True, methods=["post"])
     def uncordon(self, request, uuid=None):
         gpu = self.get_object()
@@ -182,28 +241,30 @@ class GpuViewSet(viewsets.ReadOnlyModelViewSet):
 
 class SliceViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, mixins.DestroyModelMixin,
                    viewsets.GenericViewSet):
-    """Slices on the caller's GPUs. POST carves one by hand (diagnostics; orders carve their own)."""
+    """Slices on the caller's GPUs. POST carves one by hand (diagnostics; orders carve their own); DELETE destroys a
+    hand-carved one (202: the agent destroys the instance)."""
 
     serializer_class = SliceSerializer
+    queryset = Slice.objects.none()
+    filter_serializer = SliceFilterSerializer
+    write_scope = FLEET_SCOPE
+    error_statuses = {"create": (404, 409), "destroy": (409,)}  # create: 404 for a GPU that is not yours
 
     def get_queryset(self):
-        qs = selectors.slice_list(user=self.request.user)
-        if self.request.query_params.get("state"):
-            qs = qs.filter(state=self.request.query_params["state"])
-        return qs
+        return selectors.slice_list(user=self.request.user)
 
+    @extend_schema(request=SliceCreateSerializer, responses={201: SliceSerializer})
     def create(self, request):
         data = SliceCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         gpu = selectors.gpu_list(user=request.user).filter(uuid=data.validated_data["gpu"]).first()
         if gpu is None:
-            from scheduler.errors import NotFound
-
             raise NotFound("no such GPU among yours", field="gpu")
         sl = slice_services.slice_create(gpu_id=gpu.pk, profile=data.validated_data.get("profile") or None,
                                          start=data.validated_data.get("start"))
         return Response(SliceSerializer(self.get_queryset().get(pk=sl.pk)).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(responses={202: SliceSerializer})
     def destroy(self, request, pk=None):
         sl = slice_services.slice_destroy(slice_id=self.get_object().pk, by_provider=True)
         return Response(SliceSerializer(sl).data, status=status.HTTP_202_ACCEPTED)

@@ -36,6 +36,9 @@ class MarketPort(Protocol):
     def provider_refusal(self, *, user) -> str | None:
         """Asked before a node is registered for `user`: a sentence saying why it may not (it has not become a
         provider, and how to), or None. Roles are the market's (accounts): the fleet only asks."""
+    def node_holders(self, *, node_id) -> str | None:
+        """Asked before a provider deletes a node: what buyers hold there (open leases, reservations whose window
+        has not ended), in words, or None."""
 
     def workload_state(self, *, node_id, frame: dict) -> None:
         """The agent reports a container's state (protocol `workload` frame)."""
@@ -57,6 +60,7 @@ class _NoMarket:
     def node_offline(self, *, node_id, at): return None
     def slice_holder(self, *, sl): return None
     def provider_refusal(self, *, user): return None
+    def node_holders(self, *, node_id): return None
     def workload_state(self, *, node_id, frame): return None
     def workload_output(self, *, node_id, frame): return None
     def workloads_found(self, *, node_id, found): return None

@@ -8,10 +8,12 @@ from django.db.models.functions import TruncHour
 
 from nodeagent.hardware import mig as core_mig
 from scheduler.models import Gpu, GpuMetricRollup, HealthEvent, Node, Slice
+from scheduler.ports import market
 
 
 def node_list(*, user) -> QuerySet[Node]:
-    qs = Node.objects.annotate(
+    """The user's nodes (an operator's: all), without deleted ones."""
+    qs = Node.objects.exclude(status=Node.Status.DELETED).annotate(
         gpu_count=Count("gpus", filter=Q(gpus__present=True), distinct=True),
         cordoned_count=Count("gpus", filter=Q(gpus__present=True, gpus__health=Gpu.Health.CORDONED), distinct=True),
     ).select_related("provider").order_by("name")
@@ -22,8 +24,14 @@ def node_get(*, user, node_id) -> Node:
     return node_list(user=user).get(pk=node_id)
 
 
+def node_holders(*, node: Node) -> str | None:
+    """What buyers hold on `node` (open leases, reservations), in words, or None: it can be deleted."""
+    return market().node_holders(node_id=node.pk)
+
+
 def gpu_list(*, user) -> QuerySet[Gpu]:
-    qs = Gpu.objects.filter(present=True).select_related("node", "gpu_model", "latest").order_by("node__name", "index")
+    qs = (Gpu.objects.filter(present=True).exclude(node__status=Node.Status.DELETED)
+          .select_related("node", "gpu_model", "latest").order_by("node__name", "index"))
     return qs if user.is_staff else qs.filter(node__provider=user)
 
 

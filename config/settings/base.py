@@ -263,16 +263,20 @@ if FLEET["AGENT_METRICS_RATE"] * FLEET["METRICS_INTERVAL_SECONDS"] < 1.5:
 
 # --- REST API ----------------------------------------------------------------------------------
 REST_FRAMEWORK = {
-    # Writes are JSON everywhere (a form-encoded body gets 415 in the one error shape).
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    # Writes are one JSON object everywhere (anything else is a 400 or a 415 in the one error shape).
+    "DEFAULT_PARSER_CLASSES": ["marketplace.api.json_only.JSONObjectParser"],
+    # Answers are JSON (no HTML browsable API: people read the schema at /api/docs/); a statement is CSV on request.
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "marketplace.api.auth.ApiKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.LimitOffsetPagination",
+    # Signed in, an API key's scopes (docs/api.md), then JSON-only writes.
+    "DEFAULT_PERMISSION_CLASSES": ["marketplace.api.scopes.KeyScopes", "marketplace.api.json_only.JsonOnlyWrites"],
+    "DEFAULT_PAGINATION_CLASS": "marketplace.api.pagination.Pages",
+    "DEFAULT_FILTER_BACKENDS": ["marketplace.api.filtering.QueryFilters"],
     "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "marketplace.api.schema.ApiSchema",
     "EXCEPTION_HANDLER": "marketplace.api.errors.exception_handler",
     "DEFAULT_THROTTLE_CLASSES": ["rest_framework.throttling.UserRateThrottle",
                                  "rest_framework.throttling.AnonRateThrottle"],
@@ -281,9 +285,20 @@ REST_FRAMEWORK = {
     "TEST_REQUEST_DEFAULT_FORMAT": "json",
     "NUM_PROXIES": NUM_PROXIES,
 }
+# The schema is the contract (marketplace/api/schema.py, docs/api.md): request bodies apart from responses, so a
+# generated client's request models hold only what may be sent.
 SPECTACULAR_SETTINGS = {"TITLE": "GPU Market API", "VERSION": "1.0.0",
-                        "DESCRIPTION": "Fleet, catalog and market API of GPU Market.",
-                        "SERVE_INCLUDE_SCHEMA": False}
+                        "DESCRIPTION": "Fleet, catalog and market API of GPU Market. Every error has one shape: "
+                                       '`{"error": {"code", "message", "fields"?, "details"?}}` (docs/api.md).',
+                        "SERVE_INCLUDE_SCHEMA": False, "COMPONENT_SPLIT_REQUEST": True,
+                        "SCHEMA_PATH_PREFIX": r"/api/v1",  # operation ids like orders_create, tags like orders
+                        "ENUM_NAME_OVERRIDES": {"NodeStatusEnum": "scheduler.models.fleet.Node.Status",
+                                                "WorkloadKindEnum": "marketplace.models.workloads.KIND_CHOICES"}}
+# A browser form posted without its CSRF token: the console's page, or JSON under /api/ (marketplace/views/errors.py).
+CSRF_FAILURE_VIEW = "marketplace.views.errors.csrf_failure"
+
+# Webhook URLs must be public (marketplace/notifications.py, against SSRF); the demo's settings allow loopback.
+WEBHOOKS_ALLOW_LOOPBACK = False
 
 # --- Money -------------------------------------------------------------------------------------
 PLATFORM_FEE_RATE = env_decimal("PLATFORM_FEE_RATE", "0.10", minimum=Decimal("0"), maximum=1)

@@ -1,6 +1,7 @@
 """GET /api/v1/offers/: the catalog's units with availability, PU, prices per mode and interruption history."""
 from __future__ import annotations
 
+from drf_spectacular.utils import extend_schema
 from rest_framework import serializers
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
@@ -35,6 +36,53 @@ class OfferFilterSerializer(serializers.Serializer):
         return value
 
 
+class InterruptionEventSerializer(serializers.Serializer):
+    kind = serializers.CharField()
+    at = serializers.DateTimeField()
+    notice_seconds = serializers.FloatField()
+
+
+class InterruptionHistorySerializer(serializers.Serializer):
+    last_30_days = serializers.IntegerField()
+    recent = InterruptionEventSerializer(many=True)
+
+
+class OfferPricesSerializer(serializers.Serializer):
+    """USD per hour in each mode that has a price (resale: only with an open listing)."""
+
+    on_demand = serializers.DecimalField(max_digits=18, decimal_places=6, required=False)
+    reserved = serializers.DecimalField(max_digits=18, decimal_places=6, required=False)
+    reserved_short_notice = serializers.DecimalField(max_digits=18, decimal_places=6, required=False)
+    spot = serializers.DecimalField(max_digits=18, decimal_places=6, required=False)
+    resale = serializers.DecimalField(max_digits=18, decimal_places=6, required=False)
+
+
+class OfferSerializer(serializers.Serializer):
+    """A unit of the catalog: GPU model × profile × region."""
+
+    id = serializers.CharField(help_text="gpu_model:profile:region")
+    gpu_model = serializers.CharField()
+    profile = serializers.CharField(help_text="a MIG profile, or whole")
+    region = serializers.CharField()
+    memory_gb = serializers.FloatField()
+    compute_capability = serializers.CharField()
+    cuda_version = serializers.CharField()
+    pu = serializers.FloatField(help_text="performance units (docs/performance-units.md)")
+    availability = serializers.IntegerField(help_text="how many could be ordered now")
+    gpus = serializers.IntegerField()
+    reliability = serializers.FloatField()
+    prices = OfferPricesSerializer()
+    usd_per_pu_hour = serializers.DecimalField(max_digits=18, decimal_places=6, allow_null=True,
+                                               help_text="in the requested mode")
+    pu_per_dollar = serializers.FloatField(allow_null=True)
+    interruptions = InterruptionHistorySerializer()
+
+
+class OfferPageSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    results = OfferSerializer(many=True)
+
+
 def offer_data(o: Offer, mode: str) -> dict:
     return {"id": o.key, "gpu_model": o.gpu_model, "profile": o.profile, "region": o.region,
             "memory_gb": o.memory_gb, "compute_capability": o.compute_capability, "cuda_version": o.cuda_version,
@@ -51,10 +99,12 @@ class OfferList(APIView):
 
     permission_classes = [AllowAny]
 
+    @extend_schema(operation_id="offers_list", parameters=[OfferFilterSerializer], responses=OfferPageSerializer)
     def get(self, request):
         f = OfferFilterSerializer(data=request.query_params)
         f.is_valid(raise_exception=True)
         d = dict(f.validated_data)
         d["available_only"] = d.pop("available")
         offers = offer_list(filters=Filters(**d))
-        return Response({"count": len(offers), "results": [offer_data(o, d["mode"]) for o in offers]})
+        return Response(OfferPageSerializer({"count": len(offers),
+                                             "results": [offer_data(o, d["mode"]) for o in offers]}).data)

@@ -1,17 +1,15 @@
 """REST API of the market: catalog offers, spot price series, orders, leases, reservations, resale listings,
 bids. Thin: parse, call one service or selector, shape. A buyer's querysets hold only its own rows, so
-someone else's id is a 404. Writes take JSON only (anything else is a 415)."""
+someone else's id is a 404. Writes take JSON only (anything else is a 415) and an API key's `trade` scope."""
 from __future__ import annotations
 
 from django.utils import timezone
-from drf_spectacular.utils import OpenApiResponse, extend_schema, extend_schema_field
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.permissions import AllowAny
 from rest_framework.response import Response
 
-from marketplace.api.errors import ErrorSerializer
-from marketplace.api.json_only import JsonWrites
 from marketplace.api.workloads import (LOGS_SCHEMA, WorkloadCreateSerializer, WorkloadRunSerializer,
                                        WorkloadSerializer, logs_response, spec_of, workload_run_data)
 from marketplace import metering, selectors
@@ -23,6 +21,7 @@ from marketplace.products import (orders as order_services, reservations as rese
 from marketplace.products.orders import ORDER_BOUNDS, OrderSpec
 
 VERSION = r"^\d{1,3}(\.\d{1,3}){0,2}$"
+MARKET_SCOPE = "trade"
 
 
 def _bounds(name: str) -> dict:
@@ -42,11 +41,11 @@ class OrderCreateSerializer(serializers.Serializer):
     whole_gpu = serializers.BooleanField(required=False, help_text="a whole GPU (default: a slice, unless gpu_count > 1)")
     gpu_count = serializers.IntegerField(required=False, default=1, **_bounds("gpu_count"),
                                          help_text="k whole GPUs on one node (on demand, spot); needs whole_gpu")
-    min_cuda = serializers.RegexField(VERSION, required=False, default="")
-    min_compute_capability = serializers.RegexField(VERSION, required=False, default="")
+    min_cuda = serializers.RegexField(VERSION, required=False, allow_blank=True)
+    min_compute_capability = serializers.RegexField(VERSION, required=False, allow_blank=True)
     regions = serializers.ListField(child=serializers.CharField(max_length=40), required=False,
                                     max_length=ORDER_BOUNDS["regions"][1])
-    buyer_region = serializers.CharField(max_length=40, required=False, default="")
+    buyer_region = serializers.CharField(max_length=40, required=False, default="", allow_blank=True)
     duration_seconds = serializers.IntegerField(required=False, allow_null=True, **_bounds("duration_seconds"))
     window_start = serializers.DateTimeField(required=False, allow_null=True)
     window_end = serializers.DateTimeField(required=False, allow_null=True)
@@ -54,22 +53,58 @@ class OrderCreateSerializer(serializers.Serializer):
                                                   **_bounds("max_price_per_hour"))
     priority = serializers.IntegerField(required=False, default=0, **_bounds("priority"))
     if_unavailable = serializers.ChoiceField(choices=Order.IfUnavailable.choices, required=False, default="fail")
-    webhook_url = serializers.URLField(max_length=300, required=False, default="", allow_blank=True)
+    webhook_url = serializers.URLField(max_length=300, required=False, allow_blank=True)
     listing = serializers.UUIDField(required=False, allow_null=True)
     project = serializers.IntegerField(required=False, allow_null=True, help_text="one of your projects")
     workload = WorkloadCreateSerializer(required=False, allow_null=True,
                                         help_text="the container each lease runs (none: the lease holds its slice "
                                                   "for your own use)")
 
-    def spec(self) -> OrderSpec:
-        d = dict(self.validated_data)
+    def spec(self, **fixed) -> OrderSpec:
+        d = {**self.validated_data, **fixed}
         d["listing_id"] = d.pop("listing", None)
         d["project_id"] = d.pop("project", None)
         d["workload"] = spec_of(d["workload"]) if d.get("workload") is not None else None
         return OrderSpec(**d)
 
 
+class BidCreateSerializer(OrderCreateSerializer):
+    """A spot order: the order's fields without `mode`; `max_price_per_hour` is the bid."""
+
+    mode = None
+    max_price_per_hour = serializers.DecimalField(max_digits=12, decimal_places=6,
+                                                  help_text="the bid: the most you pay per hour (at most the on-demand "
+                                                            "price)", **_bounds("max_price_per_hour"))
+
+
+class OrderFilterSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(choices=Order.State.choices, required=False)
+    mode = serializers.ChoiceField(choices=Mode.choices, required=False)
+
+
+class LeaseFilterSerializer(serializers.Serializer):
+    state = serializers.ChoiceField(choices=Lease.State.choices, required=False)
+    mode = serializers.ChoiceField(choices=Mode.choices, required=False)
+
+
+class ListingFilterSerializer(serializers.Serializer):
+    gpu_model = serializers.CharField(max_length=40, required=False)
+    region = serializers.CharField(max_length=40, required=False)
+    profile = serializers.CharField(max_length=30, required=False)
+    max_ask = serializers.DecimalField(max_digits=12, decimal_places=6, min_value=0, required=False,
+                                       help_text="the most per hour")
+    starts_after = serializers.DateTimeField(required=False)
+
+
+class SpotPriceFilterSerializer(serializers.Serializer):
+    gpu_model = serializers.CharField(max_length=40, required=False)
+    since = serializers.DateTimeField(required=False)
+
+
 class OrderSerializer(serializers.ModelSerializer):
+    # A plain string: it is empty when the order has none (a URL field's schema would say "a URI").
+    webhook_url = serializers.CharField(read_only=True, help_text="this order's notices go here (empty: the "
+                                                                  "account's webhook)")
     leases = serializers.SerializerMethodField()
     reservations = serializers.SerializerMethodField()
     workload = WorkloadSerializer(read_only=True, allow_null=True, default=None)
@@ -89,8 +124,41 @@ class OrderSerializer(serializers.ModelSerializer):
         return [str(r.pk) for r in o.reservations.all()]
 
 
+class ConnectionPortSerializer(serializers.Serializer):
+    container_port = serializers.IntegerField()
+    host_port = serializers.IntegerField()
+    protocol = serializers.CharField()
+    kind = serializers.CharField(help_text="ssh, http or tcp")
+    url = serializers.CharField(required=False, help_text="http ports")
+
+
+class ConnectionSerializer(serializers.Serializer):
+    """How to use a running lease: its device, and with a container how to reach it."""
+
+    node = serializers.UUIDField()
+    hostname = serializers.CharField()
+    region = serializers.CharField()
+    gpu_uuid = serializers.CharField()
+    device_uuid = serializers.CharField(help_text="the MIG device (or GPU) UUID: CUDA_VISIBLE_DEVICES")
+    mig_profile = serializers.CharField(allow_null=True)
+    env = serializers.DictField(child=serializers.CharField())
+    address = serializers.CharField(required=False, help_text="with a container: where its ports are published")
+    ssh = serializers.CharField(required=False, allow_null=True)
+    urls = serializers.ListField(child=serializers.CharField(), required=False)
+    ports = ConnectionPortSerializer(many=True, required=False)
+    jupyter_token = serializers.CharField(required=False)
+
+
+class InterruptionSerializer(serializers.Serializer):
+    kind = serializers.CharField()
+    announced_at = serializers.DateTimeField()
+    deadline = serializers.DateTimeField()
+    notice_seconds = serializers.FloatField()
+    credited = serializers.CharField(help_text="what was credited for a short notice (USD)")
+
+
 class LeaseSerializer(serializers.ModelSerializer):
-    gpu_model = serializers.CharField(source="slice.gpu.gpu_model.key", default=None)
+    gpu_model = serializers.CharField(source="slice.gpu.gpu_model.key", default=None, allow_null=True)
     profile = serializers.SerializerMethodField()
     region = serializers.CharField(source="slice.gpu.node.region")
     connection = serializers.SerializerMethodField()
@@ -112,6 +180,7 @@ class LeaseSerializer(serializers.ModelSerializer):
     def get_cost(self, lease: Lease) -> str:
         return str(micro(metering.cost_at(lease, timezone.now())))
 
+    @extend_schema_field(ConnectionSerializer(allow_null=True))
     def get_connection(self, lease: Lease) -> dict | None:
         return lease_services.connection_facts(lease)
 
@@ -119,6 +188,7 @@ class LeaseSerializer(serializers.ModelSerializer):
     def get_workload(self, lease: Lease) -> dict | None:
         return workload_run_data(lease)
 
+    @extend_schema_field(InterruptionSerializer(allow_null=True))
     def get_interruption(self, lease: Lease) -> dict | None:
         i = getattr(lease, "interruption", None)
         if i is None:
@@ -128,7 +198,7 @@ class LeaseSerializer(serializers.ModelSerializer):
 
 
 class ReservationSerializer(serializers.ModelSerializer):
-    gpu_model = serializers.CharField(source="gpu.gpu_model.key", default=None)
+    gpu_model = serializers.CharField(source="gpu.gpu_model.key", default=None, allow_null=True)
     gpu = serializers.CharField(source="gpu.uuid")
     region = serializers.CharField(source="gpu.node.region")
 
@@ -163,6 +233,12 @@ class ListingSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+class PurchaseSerializer(serializers.Serializer):
+    listing = ListingSerializer()
+    order = serializers.UUIDField(help_text="the resale order made for the purchase")
+    reservation = ReservationSerializer(help_text="your new reservation: the window bought")
+
+
 class BidSerializer(serializers.ModelSerializer):
     order = OrderSerializer(read_only=True)
 
@@ -179,18 +255,20 @@ class SpotPriceSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class OrderViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """The caller's orders. POST places one (mode on_demand / reserved / spot / resale); cancel ends it."""
+class OrderViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """The caller's orders. POST places one (mode on_demand / reserved / spot / resale): 201 placed, 202 queued;
+    cancel ends it."""
 
     serializer_class = OrderSerializer
+    queryset = Order.objects.none()  # the schema's path types; requests use get_queryset
+    filter_serializer = OrderFilterSerializer
+    write_scope = MARKET_SCOPE
+    error_statuses = {"create": (402, 404, 409), "cancel": (409,)}  # create: 404 for a listing or project not yours
 
     def get_queryset(self):
-        qs = selectors.order_list(user=self.request.user)
-        for param in ("state", "mode"):
-            if self.request.query_params.get(param):
-                qs = qs.filter(**{param: self.request.query_params[param]})
-        return qs
+        return selectors.order_list(user=self.request.user)
 
+    @extend_schema(request=OrderCreateSerializer, responses={201: OrderSerializer, 202: OrderSerializer})
     def create(self, request):
         data = OrderCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -199,24 +277,26 @@ class OrderViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin,
         return Response(body, status=status.HTTP_201_CREATED if order.state == Order.State.PLACED
                         else status.HTTP_202_ACCEPTED)
 
+    @extend_schema(request=None, responses=OrderSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         order = order_services.order_cancel(buyer=request.user, order_id=self.get_object().pk)
         return Response(OrderSerializer(self.get_queryset().get(pk=order.pk)).data)
 
 
-class LeaseViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class LeaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """The caller's leases with their connection facts once running. POST end/ stops one."""
 
     serializer_class = LeaseSerializer
+    queryset = Lease.objects.none()
+    filter_serializer = LeaseFilterSerializer
+    write_scope = MARKET_SCOPE
+    error_statuses = {"end": (409,)}
 
     def get_queryset(self):
-        qs = selectors.lease_list(user=self.request.user)
-        for param in ("state", "mode"):
-            if self.request.query_params.get(param):
-                qs = qs.filter(**{param: self.request.query_params[param]})
-        return qs
+        return selectors.lease_list(user=self.request.user)
 
+    @extend_schema(request=None, responses=LeaseSerializer)
     @action(detail=True, methods=["post"])
     def end(self, request, pk=None):
         lease = lease_services.lease_end(lease_id=self.get_object().pk, buyer=request.user)
@@ -229,24 +309,25 @@ class LeaseViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin,
         return logs_response(self.get_object())
 
 
-class ReservationViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class ReservationViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """The caller's reservations. POST list-for-resale/ offers a future part of one."""
 
     serializer_class = ReservationSerializer
+    queryset = Reservation.objects.none()
+    write_scope = MARKET_SCOPE
+    error_statuses = {"list_for_resale": (409,), "cancel": (409,)}
 
     def get_queryset(self):
         return selectors.reservation_list(user=self.request.user)
 
     @extend_schema(
-        request=None, responses={200: ReservationCancelledSerializer,
-                                 404: OpenApiResponse(ErrorSerializer, description="not one of yours"),
-                                 409: OpenApiResponse(ErrorSerializer, description=(
-                                     "not cancellable: `window_started` (list the rest for resale), "
-                                     "`bought_on_resale`, `not_cancellable` (over, refunded or cancelled)"))},
+        request=None, responses={200: ReservationCancelledSerializer},
         description="Cancel a booked window by the cancel policy (docs/market.md): the whole price back until "
                     "MARKET_RESERVATION_FREE_CANCEL_SECONDS (a day) before its start or within "
                     "MARKET_RESERVATION_CANCEL_GRACE_SECONDS (10 minutes) of booking, MARKET_RESERVATION_LATE_CANCEL_"
-                    "REFUND (half) of it later; never once it has started. Its open listings are withdrawn. No body.")
+                    "REFUND (half) of it later; never once it has started. Its open listings are withdrawn. No body. "
+                    "409: `window_started` (list the rest for resale), `bought_on_resale`, `not_cancellable` (over, "
+                    "refunded or cancelled).")
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         r, terms = reservation_services.reservation_cancel(holder=request.user, reservation_id=self.get_object().pk)
@@ -254,6 +335,7 @@ class ReservationViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModel
             "reservation": self.get_queryset().get(pk=r.pk), "refunded": terms.refund, "refunded_share": terms.share,
             "rule": terms.why}).data)
 
+    @extend_schema(request=ListingCreateSerializer, responses={201: ListingSerializer})
     @action(detail=True, methods=["post"], url_path="list-for-resale")
     def list_for_resale(self, request, pk=None):
         data = ListingCreateSerializer(data=request.data)
@@ -263,73 +345,76 @@ class ReservationViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModel
         return Response(ListingSerializer(listing).data, status=status.HTTP_201_CREATED)
 
 
-class ResaleListingViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class ResaleListingViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Open resale listings (public), filtered by gpu_model, region, profile, max_ask, starts_after.
     POST buy/ purchases one; POST withdraw/ takes one's own listing back."""
 
     serializer_class = ListingSerializer
+    queryset = ResaleListing.objects.none()
+    filter_serializer = ListingFilterSerializer
+    write_scope = MARKET_SCOPE
+    error_statuses = {"buy": (402, 409), "withdraw": (409,)}
 
     def get_permissions(self):
         return [AllowAny()] if self.action in ("list", "retrieve") else super().get_permissions()
 
     def get_queryset(self):
-        p = self.request.query_params
-        max_ask = DecimalParam().to_internal_value(p["max_ask"]) if p.get("max_ask") else None
-        after = serializers.DateTimeField().to_internal_value(p["starts_after"]) if p.get("starts_after") else None
-        return selectors.listing_list(gpu_model=p.get("gpu_model"), region=p.get("region"),
-                                      profile=p.get("profile"), max_ask=max_ask, starts_after=after,
-                                      include_closed=self.action != "list")
+        return selectors.listing_list(include_closed=self.action != "list")
 
+    def filtered(self, queryset, values: dict):
+        return selectors.listing_list(**values)
+
+    @extend_schema(request=None, responses={201: PurchaseSerializer})
     @action(detail=True, methods=["post"])
     def buy(self, request, pk=None):
         purchase = resale_services.listing_purchase(buyer=request.user, listing_id=self.get_object().pk)
-        return Response({"listing": ListingSerializer(purchase.listing).data,
-                         "order": str(purchase.order.pk),
-                         "reservation": ReservationSerializer(purchase.reservation).data},
+        return Response(PurchaseSerializer({"listing": purchase.listing, "order": purchase.order.pk,
+                                            "reservation": purchase.reservation}).data,
                         status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=None, responses=ListingSerializer)
     @action(detail=True, methods=["post"])
     def withdraw(self, request, pk=None):
         listing = resale_services.listing_cancel(seller=request.user, listing_id=self.get_object().pk)
         return Response(ListingSerializer(listing).data)
 
 
-class DecimalParam(serializers.DecimalField):
-    def __init__(self):
-        super().__init__(max_digits=12, decimal_places=6, min_value=0)
-
-
-class BidViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class BidViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """The caller's spot bids. POST places a spot order (the order's fields; max_price_per_hour is the bid)."""
 
     serializer_class = BidSerializer
+    queryset = SpotBid.objects.none()
+    write_scope = MARKET_SCOPE
+    error_statuses = {"create": (402, 404, 409), "cancel": (409,)}
 
     def get_queryset(self):
         return selectors.bid_list(user=self.request.user)
 
+    @extend_schema(request=BidCreateSerializer, responses={201: BidSerializer})
     def create(self, request):
-        body = dict(request.data) if isinstance(request.data, dict) else None
-        if body is None:
-            raise serializers.ValidationError({"non_field_errors": ["send a JSON object"]})
-        body["mode"] = Mode.SPOT
-        data = OrderCreateSerializer(data=body)
+        data = BidCreateSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        order = order_services.order_place(buyer=request.user, spec=data.spec())
+        order = order_services.order_place(buyer=request.user, spec=data.spec(mode=Mode.SPOT))
         return Response(BidSerializer(self.get_queryset().get(order=order)).data, status=status.HTTP_201_CREATED)
 
+    @extend_schema(request=None, responses=BidSerializer)
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
-        order_services.order_cancel(buyer=request.user, order_id=self.get_object().order_id)
-        return Response(BidSerializer(self.get_queryset().get(pk=pk)).data)
+        bid = self.get_object()
+        order_services.order_cancel(buyer=request.user, order_id=bid.order_id)
+        return Response(BidSerializer(self.get_queryset().get(pk=bid.pk)).data)
 
 
 class SpotPriceViewSet(mixins.ListModelMixin, viewsets.GenericViewSet):
     """Spot price history, newest first: ?gpu_model=h100-80gb&since=ISO-8601."""
 
     serializer_class = SpotPriceSerializer
+    queryset = SpotPrice.objects.none()
+    filter_serializer = SpotPriceFilterSerializer
     permission_classes = [AllowAny]
 
     def get_queryset(self):
-        p = self.request.query_params
-        since = serializers.DateTimeField().to_internal_value(p["since"]) if p.get("since") else None
-        return selectors.spot_price_series(gpu_model=p.get("gpu_model"), since=since)
+        return selectors.spot_price_series()
+
+    def filtered(self, queryset, values: dict):
+        return selectors.spot_price_series(**values)

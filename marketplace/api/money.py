@@ -1,6 +1,7 @@
 """REST API of money: wallet, ledger entries, top-ups, payments and refunds, projects, usage, statements (a
 provider's earnings and payouts are in payouts.py). Every queryset starts from request.user, so someone else's id
-is a 404 like a missing one; a ledger line names an order only when the order is the user's own."""
+is a 404 like a missing one; a ledger line names an order only when the order is the user's own. Writes need an
+API key's `trade` scope."""
 from __future__ import annotations
 
 import csv
@@ -10,12 +11,14 @@ from datetime import datetime, time, timezone
 from django.conf import settings
 from django.db.models import Case, Exists, F, OuterRef, QuerySet, UUIDField, When
 from django.utils.dateparse import parse_date, parse_datetime
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema, extend_schema_field, extend_schema_serializer
 from rest_framework import mixins, renderers, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from marketplace.api.json_only import JsonWrites
 from marketplace.amounts import CENT, MICRO
+from marketplace.api.filtering import query_values
 from marketplace.models import Account, LedgerEntry, Order, Payment, Project, UsageRecord
 from marketplace.money import statements
 from marketplace.products import payments, projects
@@ -23,7 +26,7 @@ from scheduler.errors import DomainError
 
 
 class CSVRenderer(renderers.BaseRenderer):
-    """Renders a list of rows (lists) as CSV; anything else (an error) as one message row."""
+    """Renders a list of rows (lists) as CSV. Errors are JSON whatever the format asked (api/errors.py)."""
 
     media_type = "text/csv"
     format = "csv"
@@ -31,12 +34,7 @@ class CSVRenderer(renderers.BaseRenderer):
 
     def render(self, data, accepted_media_type=None, renderer_context=None):
         out = io.StringIO()
-        writer = csv.writer(out)
-        if isinstance(data, list):
-            writer.writerows(data)
-        else:
-            error = (data or {}).get("error", {}) if isinstance(data, dict) else {}
-            writer.writerows([["error", "message"], [error.get("code", "error"), error.get("message", str(data))]])
+        csv.writer(out).writerows(data)
         return out.getvalue().encode("utf-8")
 
 
@@ -122,77 +120,207 @@ def _instant(value: str, name: str, *, end: bool = False) -> datetime:
 
 
 ZERO_MICRO = MICRO * 0
+MONEY_SCOPE = "trade"
+
+
+@extend_schema_field({"type": "string", "pattern": r"^\d{4}-\d{2}$", "example": "2026-11"})
+class MonthField(serializers.CharField):
+    """YYYY-MM: the schema says so; statements.month_bounds checks it (its error names the field)."""
+
+    def __init__(self, **kw):
+        super().__init__(max_length=7, required=False, **kw)
+AMOUNT = {"help_text": "USD, exact (micro-dollars)"}
+AMOUNT_USD = {"help_text": "USD, rounded half-up to the cent"}
+
+
+@extend_schema_serializer(many=False)
+class WalletSerializer(serializers.Serializer):
+    currency = serializers.CharField()
+    balance = serializers.CharField(**AMOUNT)
+    balance_usd = serializers.CharField(**AMOUNT_USD)
+    earnings_balance = serializers.CharField(**AMOUNT)
+    recent_entries = LedgerEntrySerializer(many=True, help_text="the latest 20 movements of the wallet")
+
+
+class LedgerFilterSerializer(serializers.Serializer):
+    account = serializers.ChoiceField(choices=Account.USER_KINDS, required=False)
+    kind = serializers.CharField(max_length=40, required=False, help_text="a transaction kind: topup, usage, ...")
+    since = serializers.CharField(max_length=40, required=False, help_text="an ISO date or datetime")
+    until = serializers.CharField(max_length=40, required=False, help_text="an ISO date (the whole day) or datetime")
+    project = serializers.IntegerField(min_value=1, required=False, help_text="one of your projects")
+
+
+class PaymentFilterSerializer(serializers.Serializer):
+    status = serializers.ChoiceField(choices=Payment.Status.choices, required=False)
+
+
+class UsageFilterSerializer(serializers.Serializer):
+    lease = serializers.UUIDField(required=False)
+    project = serializers.IntegerField(min_value=1, required=False, help_text="one of your projects")
+    month = MonthField(help_text="YYYY-MM")
+
+
+class StatementQuerySerializer(serializers.Serializer):
+    month = MonthField(help_text="YYYY-MM (default: this month)")
+    project = serializers.IntegerField(min_value=1, required=False, help_text="only this project of yours")
+
+
+
+class TopUpResultSerializer(serializers.Serializer):
+    payment = PaymentSerializer()
+    payment_intent = serializers.CharField()
+    client_secret = serializers.CharField(allow_null=True, help_text="confirm it in the browser with Stripe.js")
+    publishable_key = serializers.CharField(allow_null=True, allow_blank=True)
+    stripe_js = serializers.CharField(help_text="where to load Stripe.js from")
+
+
+class ProjectRefSerializer(serializers.Serializer):
+    id = serializers.IntegerField()
+    name = serializers.CharField(allow_null=True)
+
+
+class NodeRefSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    name = serializers.CharField(allow_null=True)
+
+
+class StatementSliceSerializer(serializers.Serializer):
+    gpu_model = serializers.CharField()
+    profile = serializers.CharField()
+    gpu_seconds = serializers.IntegerField()
+    gpu_hours = serializers.CharField()
+    amount = serializers.CharField(**AMOUNT)
+    amount_usd = serializers.CharField(**AMOUNT_USD)
+
+
+class ChargeSerializer(serializers.Serializer):
+    kind = serializers.CharField()
+    amount = serializers.CharField(**AMOUNT)
+    amount_usd = serializers.CharField(**AMOUNT_USD)
+
+
+class StatementProjectSerializer(serializers.Serializer):
+    project = ProjectRefSerializer(allow_null=True, help_text="null: usage under no project")
+    slices = StatementSliceSerializer(many=True)
+    gpu_seconds = serializers.IntegerField()
+    usage_amount = serializers.CharField(**AMOUNT)
+    usage_amount_usd = serializers.CharField(**AMOUNT_USD)
+    other_charges = ChargeSerializer(many=True)
+    total = serializers.CharField(**AMOUNT)
+    total_usd = serializers.CharField(**AMOUNT_USD)
+
+
+class StatementTotalsSerializer(serializers.Serializer):
+    gpu_seconds = serializers.IntegerField()
+    usage_amount = serializers.CharField(**AMOUNT)
+    usage_amount_usd = serializers.CharField(**AMOUNT_USD)
+    other_charges_amount = serializers.CharField(**AMOUNT)
+    amount = serializers.CharField(**AMOUNT)
+    amount_usd = serializers.CharField(**AMOUNT_USD)
+
+
+class StatementWalletSerializer(serializers.Serializer):
+    opening_balance = serializers.CharField(**AMOUNT)
+    closing_balance = serializers.CharField(**AMOUNT)
+    opening_balance_usd = serializers.CharField(**AMOUNT_USD)
+    closing_balance_usd = serializers.CharField(**AMOUNT_USD)
+    movements = serializers.DictField(child=serializers.CharField(), help_text="the month's total per kind")
+
+
+@extend_schema_serializer(many=False)
+class StatementSerializer(serializers.Serializer):
+    """A buyer's month: per project and slice, GPU-seconds and amounts; the wallet's movements (all projects)."""
+
+    month = serializers.CharField()
+    currency = serializers.CharField()
+    period_start = serializers.DateTimeField()
+    period_end = serializers.DateTimeField()
+    projects = StatementProjectSerializer(many=True)
+    totals = StatementTotalsSerializer()
+    wallet = StatementWalletSerializer(required=False, help_text="only without ?project=")
+
+
+
 
 
 class WalletViewSet(viewsets.ViewSet):
     """GET: the wallet balance, the earnings balance and the latest movements of the wallet."""
 
+    @extend_schema(operation_id="wallet_retrieve", responses=WalletSerializer)
     def list(self, request):
         accounts = dict(Account.objects.filter(user=request.user).values_list("kind", "balance"))
         wallet_entries = LedgerEntry.objects.filter(account__user=request.user, account__kind=Account.Kind.WALLET)
         recent = with_own_order(wallet_entries.select_related("transaction", "account"),
                                 request.user).order_by("-created_at", "-pk")[:20]
         wallet = accounts.get(Account.Kind.WALLET, ZERO_MICRO)
-        return Response({"currency": "usd", "balance": str(wallet), "balance_usd": statements.cents(wallet),
-                         "earnings_balance": str(accounts.get(Account.Kind.EARNINGS, ZERO_MICRO)),
-                         "recent_entries": LedgerEntrySerializer(recent, many=True).data})
+        return Response(WalletSerializer({
+            "currency": "usd", "balance": str(wallet), "balance_usd": statements.cents(wallet),
+            "earnings_balance": str(accounts.get(Account.Kind.EARNINGS, ZERO_MICRO)), "recent_entries": recent}).data)
 
 
 class LedgerEntryViewSet(viewsets.ReadOnlyModelViewSet):
     """The user's ledger entries (wallet and earnings); filters: account, kind, since, until, project."""
 
     serializer_class = LedgerEntrySerializer
+    queryset = LedgerEntry.objects.none()
+    filter_serializer = LedgerFilterSerializer
+    error_statuses = {"list": (404,)}  # a project that is not yours
 
     def get_queryset(self):
         mine = LedgerEntry.objects.filter(account__user=self.request.user).select_related("transaction", "account")
-        qs = with_own_order(mine, self.request.user).order_by("-created_at", "-pk")
-        params = self.request.query_params
-        if params.get("account"):
-            if params["account"] not in Account.USER_KINDS:
-                raise DomainError("account is wallet or earnings", field="account")
-            qs = qs.filter(account__kind=params["account"])
-        if params.get("kind"):
-            qs = qs.filter(transaction__kind=params["kind"])
-        if params.get("since"):
-            qs = qs.filter(created_at__gte=_instant(params["since"], "since"))
-        if params.get("until"):
-            qs = qs.filter(created_at__lte=_instant(params["until"], "until", end=True))
-        if params.get("project"):
-            qs = qs.filter(project=statements.user_project(user=self.request.user,
-                                                                        project_id=params["project"]))
+        return with_own_order(mine, self.request.user).order_by("-created_at", "-pk")
+
+    def filtered(self, qs, values: dict):
+        if "account" in values:
+            qs = qs.filter(account__kind=values["account"])
+        if "kind" in values:
+            qs = qs.filter(transaction__kind=values["kind"])
+        if "since" in values:
+            qs = qs.filter(created_at__gte=_instant(values["since"], "since"))
+        if "until" in values:
+            qs = qs.filter(created_at__lte=_instant(values["until"], "until", end=True))
+        if "project" in values:
+            qs = qs.filter(project=statements.user_project(user=self.request.user, project_id=values["project"]))
         return qs
 
 
-class TopUpViewSet(JsonWrites, viewsets.GenericViewSet):
+class TopUpViewSet(viewsets.GenericViewSet):
     """POST {amount, card?}: a Stripe PaymentIntent for the wallet. Send an Idempotency-Key header to retry safely.
     Without `card`, confirm it in the browser with Stripe.js (client_secret + publishable_key)."""
 
     serializer_class = TopUpSerializer
+    write_scope = MONEY_SCOPE
+    error_statuses = {"create": (409, 502)}
 
+    @extend_schema(request=TopUpSerializer, responses={201: TopUpResultSerializer}, parameters=[
+        OpenApiParameter("Idempotency-Key", OpenApiTypes.STR, OpenApiParameter.HEADER,
+                         description="1 to 200 characters: a retried request with it returns the same payment")])
     def create(self, request):
         data = TopUpSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         payment = payments.topup_create(user=request.user, amount=data.validated_data["amount"],
                                         card=data.validated_data.get("card"),
                                         client_key=request.headers.get("Idempotency-Key"))
-        return Response({"payment": PaymentSerializer(payment).data,
-                         "payment_intent": payment.stripe_payment_intent_id,
-                         "client_secret": getattr(payment, "client_secret", None),
-                         "publishable_key": settings.STRIPE_PUBLISHABLE_KEY,
-                         "stripe_js": payments.stripe_js_url()}, status=status.HTTP_201_CREATED)
+        return Response(TopUpResultSerializer({
+            "payment": payment, "payment_intent": payment.stripe_payment_intent_id,
+            "client_secret": getattr(payment, "client_secret", None),
+            "publishable_key": settings.STRIPE_PUBLISHABLE_KEY, "stripe_js": payments.stripe_js_url()}).data,
+            status=status.HTTP_201_CREATED)
 
 
-class PaymentViewSet(JsonWrites, viewsets.ReadOnlyModelViewSet):
+class PaymentViewSet(viewsets.ReadOnlyModelViewSet):
     """The user's top-ups. POST /payments/{id}/refund/ {amount?} refunds the unspent part to the card."""
 
     serializer_class = PaymentSerializer
+    queryset = Payment.objects.none()
+    filter_serializer = PaymentFilterSerializer
+    write_scope = MONEY_SCOPE
+    error_statuses = {"refund": (402, 409, 502)}
 
     def get_queryset(self):
-        qs = Payment.objects.filter(user=self.request.user).order_by("-created_at")
-        if self.request.query_params.get("status"):
-            qs = qs.filter(status=self.request.query_params["status"])
-        return qs
+        return Payment.objects.filter(user=self.request.user).order_by("-created_at")
 
+    @extend_schema(request=RefundSerializer, responses=PaymentSerializer)
     @action(detail=True, methods=["post"], serializer_class=RefundSerializer)
     def refund(self, request, pk=None):
         payment = self.get_object()  # 404 for someone else's payment
@@ -203,10 +331,13 @@ class PaymentViewSet(JsonWrites, viewsets.ReadOnlyModelViewSet):
         return Response(PaymentSerializer(payment).data)
 
 
-class ProjectViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class ProjectViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """The buyer's projects: create, rename, delete (only while nothing was billed to it)."""
 
     serializer_class = ProjectSerializer
+    queryset = Project.objects.none()
+    write_scope = MONEY_SCOPE
+    error_statuses = {"create": (409,), "update": (409,), "partial_update": (409,), "destroy": (409,)}
 
     def get_queryset(self):
         return Project.objects.filter(user=self.request.user).order_by("name")
@@ -236,19 +367,20 @@ class UsageRecordViewSet(viewsets.ReadOnlyModelViewSet):
     """Per-minute usage of the buyer's leases; filters: lease, project, month (YYYY-MM)."""
 
     serializer_class = UsageRecordSerializer
+    queryset = UsageRecord.objects.none()
+    filter_serializer = UsageFilterSerializer
+    error_statuses = {"list": (404,)}  # a project that is not yours
 
     def get_queryset(self):
-        qs = UsageRecord.objects.filter(buyer=self.request.user).order_by("-minute", "-pk")
-        params = self.request.query_params
-        if params.get("lease"):
-            try:
-                qs = qs.filter(lease_id=serializers.UUIDField().to_internal_value(params["lease"]))
-            except serializers.ValidationError:
-                raise DomainError("lease is a UUID", field="lease") from None
-        if params.get("project"):
-            qs = qs.filter(project=statements.user_project(user=self.request.user, project_id=params["project"]))
-        if params.get("month"):
-            _, start, end = statements.month_bounds(params["month"])
+        return UsageRecord.objects.filter(buyer=self.request.user).order_by("-minute", "-pk")
+
+    def filtered(self, qs, values: dict):
+        if "lease" in values:
+            qs = qs.filter(lease_id=values["lease"])
+        if "project" in values:
+            qs = qs.filter(project=statements.user_project(user=self.request.user, project_id=values["project"]))
+        if "month" in values:
+            _, start, end = statements.month_bounds(values["month"])
             qs = qs.filter(minute__gte=start, minute__lt=end)
         return qs
 
@@ -256,11 +388,16 @@ class UsageRecordViewSet(viewsets.ReadOnlyModelViewSet):
 class StatementViewSet(viewsets.ViewSet):
     """GET ?month=YYYY-MM&project=ID: the month per project and slice; ?format=csv for a spreadsheet."""
 
-    renderer_classes = [renderers.JSONRenderer, renderers.BrowsableAPIRenderer, CSVRenderer]
+    renderer_classes = [renderers.JSONRenderer, CSVRenderer]
+    error_statuses = {"list": (404,)}  # a project that is not yours
 
+    @extend_schema(operation_id="statements_retrieve", parameters=[StatementQuerySerializer], responses={
+        (200, "application/json"): StatementSerializer,
+        (200, "text/csv"): OpenApiTypes.STR})
     def list(self, request):
-        body = statements.statement(user=request.user, month=request.query_params.get("month"),
-                                    project_id=request.query_params.get("project"))
+        q = query_values(StatementQuerySerializer, request)
+        body = StatementSerializer(statements.statement(user=request.user, month=q.get("month"),
+                                                        project_id=q.get("project"))).data
         if request.accepted_renderer.format == "csv":
             return Response(statements.statement_csv_rows(body), headers={
                 "Content-Disposition": f'attachment; filename="statement-{body["month"]}.csv"'})

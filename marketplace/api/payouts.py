@@ -5,27 +5,18 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
+from drf_spectacular.utils import extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
-from marketplace.api.errors import ErrorSerializer
-from marketplace.api.json_only import JsonWrites
+from marketplace.api.filtering import query_values
+from marketplace.api.money import MonthField
 from marketplace.models import Payout
 from marketplace.money import earnings
 from marketplace.products import payouts
 
-MONTH = OpenApiParameter("month", OpenApiTypes.STR, description="YYYY-MM (UTC); default: this month")
 MONEY = {"max_digits": 18, "decimal_places": 6, "coerce_to_string": True}
-
-
-def errors(*codes: int) -> dict:
-    words = {400: "bad input (fields says which)", 401: "not logged in", 403: "not a provider",
-             404: "no such payout among yours", 409: "the payout's state or an open payout forbids it",
-             415: "the body is not JSON"}
-    return {code: OpenApiResponse(ErrorSerializer, description=words[code]) for code in codes}
 
 
 # --- earnings ---------------------------------------------------------------------------------------------------
@@ -79,13 +70,19 @@ class EarningsSerializer(serializers.Serializer):
     balance = serializers.DecimalField(**MONEY, help_text="in your earnings account now")
 
 
+class EarningsQuerySerializer(serializers.Serializer):
+    month = MonthField(help_text="YYYY-MM (UTC; default: this month)")
+
+
 class EarningsViewSet(viewsets.ViewSet):
     """GET ?month=YYYY-MM: a provider's earnings of the month per lease or reserved window, per node and GPU model,
     and in total (they add up exactly); never a buyer's order or project."""
 
-    @extend_schema(parameters=[MONTH], responses={200: EarningsSerializer, **errors(400, 401)})
+    @extend_schema(operation_id="earnings_retrieve", parameters=[EarningsQuerySerializer],
+                   responses={200: EarningsSerializer})
     def list(self, request):
-        body = earnings.earnings(user=request.user, month=request.query_params.get("month"))
+        q = query_values(EarningsQuerySerializer, request)
+        body = earnings.earnings(user=request.user, month=q.get("month"))
         return Response(EarningsSerializer(body).data)
 
 
@@ -128,15 +125,16 @@ def _balance_body(user) -> dict:
             "transfers": "simulated" if payouts.transfers_simulated() else "stripe"}
 
 
-@extend_schema_view(
-    list=extend_schema(responses={200: PayoutSerializer(many=True), **errors(401, 403)}),
-    retrieve=extend_schema(responses={200: PayoutSerializer, **errors(401, 403, 404)}))
-class PayoutViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+@extend_schema_view(list=extend_schema(responses={200: PayoutSerializer(many=True)}),
+                    retrieve=extend_schema(responses={200: PayoutSerializer}))
+class PayoutViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """A provider's payouts, newest first. POST {amount} requests one (an operator approves it; it is then
     transferred to your Stripe Connect account); POST /{id}/cancel/ withdraws a request not decided yet;
     GET balance/ says what is payable now."""
 
     serializer_class = PayoutSerializer
+    write_scope = "provide"
+    error_statuses = {"create": (409,), "cancel": (409,)}  # an open payout; the payout's state
 
     def initial(self, request, *args, **kwargs):
         super().initial(request, *args, **kwargs)
@@ -148,20 +146,20 @@ class PayoutViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin
         return Payout.objects.filter(provider=self.request.user).order_by("-requested_at")
 
     @extend_schema(request=PayoutRequestSerializer,
-                   responses={201: PayoutSerializer, **errors(400, 401, 403, 409, 415)})
+                   responses={201: PayoutSerializer})
     def create(self, request):
         data = PayoutRequestSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         payout = payouts.payout_request(provider=request.user, amount=data.validated_data["amount"])
         return Response(PayoutSerializer(payout).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(request=None, responses={200: PayoutSerializer, **errors(401, 403, 404, 409, 415)})
+    @extend_schema(request=None, responses={200: PayoutSerializer})
     @action(detail=True, methods=["post"])
     def cancel(self, request, pk=None):
         payout = payouts.payout_cancel(provider=request.user, payout_id=self.get_object().pk)
         return Response(PayoutSerializer(payout).data)
 
-    @extend_schema(responses={200: PayoutBalanceSerializer, **errors(401, 403)})
+    @extend_schema(responses={200: PayoutBalanceSerializer})
     @action(detail=False, methods=["get"])
     def balance(self, request):
         return Response(PayoutBalanceSerializer(_balance_body(request.user)).data)

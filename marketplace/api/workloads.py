@@ -8,7 +8,6 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.response import Response
 
-from marketplace.api.json_only import JsonWrites
 from marketplace.lifecycle import workloads as lifecycle
 from marketplace.models import SshKey, Template, Workload, WorkloadRun
 from marketplace.products import workloads as products
@@ -110,6 +109,7 @@ class TemplateViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets
     """The operator's templates an order's workload may name (`"workload": {"template": "pytorch"}`)."""
 
     serializer_class = TemplateSerializer
+    queryset = Template.objects.none()  # the schema's path types; requests use get_queryset
     lookup_field = "key"
     pagination_class = None
 
@@ -125,10 +125,13 @@ class SshKeySerializer(serializers.ModelSerializer):
         extra_kwargs = {"public_key": {"help_text": "one line, as in ~/.ssh/id_ed25519.pub"}}
 
 
-class SshKeyViewSet(JsonWrites, mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class SshKeyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
     """Your SSH public keys: every container of yours lets each of them log in (as root)."""
 
     serializer_class = SshKeySerializer
+    queryset = SshKey.objects.none()
+    write_scope = "trade"
+    error_statuses = {"create": (409,)}
 
     def get_queryset(self):
         return SshKey.objects.filter(user=self.request.user)

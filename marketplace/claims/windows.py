@@ -62,6 +62,9 @@ class SlicesClaim(_Viewed, SliceClaim):
 def _window_free(gpu: Gpu, slots: Slots, start: datetime, end: datetime, exclude: tuple = ()) -> None:
     from .holds import overlapping_reservations
 
+    # The node (read and locked with the GPU) may have been deleted since the snapshot: a window there is lost.
+    if gpu.node.status == Node.Status.DELETED:
+        raise LostRace(f"{gpu.node} was deleted by its provider")
     if overlapping_reservations(gpu_id=gpu.pk, slots=slots, start=start, end=end, exclude=exclude).exists():
         raise LostRace("another reservation took these slots for part of the window")
 

@@ -1,11 +1,13 @@
 """The market's side of the fleet port (scheduler/ports.py): fleet facts move leases, a slice a buyer's open lease
-holds is not the provider's to destroy by hand, and only providers (and operators) register nodes. Registered in
-MarketplaceConfig.ready()."""
+holds is not the provider's to destroy by hand, nor a node with such leases or reservations its to delete, and only
+providers (and operators) register nodes. Registered in MarketplaceConfig.ready()."""
 from __future__ import annotations
 
 from datetime import datetime
 
-from marketplace.models import Lease, ProviderProfile
+from django.utils import timezone
+
+from marketplace.models import Lease, ProviderProfile, Reservation
 
 from . import leases
 
@@ -46,3 +48,10 @@ class FleetFacts:
             return None
         return ("only providers register nodes: become one first on the Provider page (/provider/), where you "
                 "accept the provider terms and say where your payouts go")
+    def node_holders(self, *, node_id) -> str | None:
+        leases = Lease.objects.filter(slice__gpu__node_id=node_id, state__in=Lease.OPEN_STATES).count()
+        windows = Reservation.objects.filter(gpu__node_id=node_id, state__in=Reservation.LIVE_STATES,
+                                             ends_at__gt=timezone.now()).count()
+        said = [f"{n} {what}{'s' if n > 1 else ''}" for n, what in ((leases, "open lease"), (windows, "reservation"))
+                if n]
+        return " and ".join(said) or None

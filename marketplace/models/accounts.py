@@ -16,6 +16,8 @@ class ApiKey(models.Model):
     # What the key may do: `read` (GET anything the user may see), `trade` (buy, end, bid, list, top up),
     # `provide` (register and manage nodes, payouts). Empty means none; see marketplace/products/apikeys.py.
     scopes = models.JSONField(default=list)
+    # The key that made this one through the API (none: made in the console); revoking it revokes this one too.
+    parent = models.ForeignKey("self", null=True, blank=True, related_name="children", on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)

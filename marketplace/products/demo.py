@@ -55,7 +55,8 @@ def demo_seed(*, public_address: str = "127.0.0.1") -> list[tuple[DemoNode, Node
                          terms_accepted=True, terms_version=PROVIDER_TERMS_VERSION)
         out = []
         for spec in DEMO_NODES:
-            node = Node.objects.filter(provider=users["provider"], name=spec.name).first()
+            node = (Node.objects.filter(provider=users["provider"], name=spec.name)
+                    .exclude(status=Node.Status.DELETED).first())
             if node is None:
                 node, token = node_services.node_register(provider=users["provider"], name=spec.name,
                                                           region=spec.region, price_per_gpu_hour=spec.price)

@@ -5,8 +5,8 @@ from .billing import balance_fragment, billing, statement_csv, topup  # noqa: F4
 from .catalog import catalog, unit_detail  # noqa: F401
 from .earnings import (earnings, payout_account_connect, payout_account_refresh, payout_account_return,  # noqa: F401
                        payout_cancel, payout_request)
-from .fleet import (gpu_health, home, node_detail, node_drain, node_gpus_fragment, node_register,  # noqa: F401
-                    node_settings, nodes)
+from .fleet import (gpu_health, home, node_delete, node_detail, node_drain, node_gpus_fragment,  # noqa: F401
+                    node_register, node_rename, node_settings, nodes)
 from .leases import jobs, lease_detail, lease_end, lease_facts, lease_logs, leases, order_cancel  # noqa: F401
 from .orders import order, order_preview  # noqa: F401
 from .provider import provider  # noqa: F401

@@ -52,7 +52,8 @@ def _page(request, *, key_form=None, project_form=None, notification_form=None, 
         "notification_form": notification_form or _notification_form(request.user),
         "keys": ApiKey.objects.filter(user=request.user).order_by("-created_at"),
         "projects": Project.objects.filter(user=request.user).order_by("name"),
-        "key_form": key_form or ApiKeyForm(), "project_form": project_form or ProjectForm(prefix="project"),
+        "key_form": key_form or ApiKeyForm(default_scopes=apikeys.default_scopes(user=request.user)),
+        "project_form": project_form or ProjectForm(prefix="project"),
         "secret": secret, "new_key": new_key, "nav": "account"}, status=status)
 
 
@@ -82,7 +83,8 @@ def api_key_create(request):
     form = ApiKeyForm(request.POST)
     if form.is_valid():
         try:
-            key, secret = apikeys.api_key_create(user=request.user, name=form.cleaned_data["name"])
+            key, secret = apikeys.api_key_create(user=request.user, name=form.cleaned_data["name"],
+                                                 scopes=form.cleaned_data["scopes"])
         except DomainError as exc:
             add_domain_error(form, exc)
         else:
@@ -100,14 +102,17 @@ def api_key_revoke(request, key_id):
         messages.error(request, "No such API key among yours.")
         return redirect("console:account")
     if request.method == "GET":
+        made = key.children.filter(revoked_at__isnull=True).count()
         return confirm_page(request, Confirm(
             title=f"Revoke the API key “{key.name}”?",
             points=[f"Requests with {key.prefix}… are refused from now on: scripts and tools using it stop working.",
+                    f"The {made} key{'s' if made > 1 else ''} made with it are revoked too." if made else "",
                     "A revoked key cannot be turned back on: create a new key instead."],
             action="Revoke key", keep="Keep it", back=reverse("console:account") + "#api-keys",
             refused="This key is revoked already." if key.revoked_at else ""))
     key = apikeys.api_key_revoke(user=request.user, key_id=key.pk)
-    messages.success(request, f"API key “{key.name}” is revoked: requests with it are refused from now on.")
+    messages.success(request, f"API key “{key.name}” is revoked, with the keys made with it: requests with them "
+                              f"are refused from now on.")
     return redirect("console:account")
 
 

@@ -1,4 +1,4 @@
-"""Provider pages: nodes, a node's GPUs and live charts, registration, cordon/uncordon and drain."""
+"""Provider pages: nodes, a node's GPUs and live charts, registration, renaming, cordon/uncordon, drain and delete."""
 from __future__ import annotations
 
 from django.contrib import messages
@@ -15,7 +15,7 @@ from scheduler.errors import DomainError
 from scheduler.models import Node
 from scheduler.services import health as health_services, nodes as node_services
 
-from ..forms import NodeRegisterForm, NodeSettingsForm
+from ..forms import NodeRegisterForm, NodeRenameForm, NodeSettingsForm
 from .common import Confirm, add_domain_error, confirm_page, is_htmx, mark_invalid
 from .earnings import earnings_summary
 
@@ -48,7 +48,7 @@ def _gpu_rows(node: Node) -> list[dict]:
 
 
 @login_required
-def node_detail(request, node_id, settings_form=None, status=200):
+def node_detail(request, node_id, settings_form=None, rename_form=None, status=200):
     node = _node_or_404(request, node_id)
     form = settings_form or NodeSettingsForm(initial={
         "public_address": node.public_address, "port_range_start": node.port_range_start,
@@ -56,26 +56,70 @@ def node_detail(request, node_id, settings_form=None, status=200):
         "ram_gb_per_gpu": node.ram_gb_per_gpu, "image_allowlist": "\n".join(node.image_allowlist or [])})
     return render(request, "console/node_detail.html", {
         "node": node, "gpus": _gpu_rows(node), "events": fleet_selectors.node_events(node=node), "nav": "nodes",
-        "settings_form": form}, status=status)
+        "settings_form": form, "rename_form": rename_form or NodeRenameForm(initial={"name": node.name})},
+        status=status)
+
+
+def _node_form(request, node_id, form, *, slot: str, act, said):
+    """A posted form of the node page: valid input goes to the service (`act(node, data)`), then a message (`said`
+    of the node) and back to the page; invalid input or a refusal shows the page again with the form's errors."""
+    node = _node_or_404(request, node_id)
+    if form.is_valid():
+        try:
+            with transaction.atomic():
+                act(node, form.cleaned_data)
+        except DomainError as exc:
+            add_domain_error(form, exc)
+        else:
+            messages.success(request, said(node))
+            return redirect("console:node", node_id=node.pk)
+    mark_invalid(form)
+    return node_detail(request, node_id, status=400, **{slot: form})
+
+
+@login_required
+@require_POST
+def node_rename(request, node_id):
+    return _node_form(request, node_id, NodeRenameForm(request.POST), slot="rename_form",
+                      act=lambda node, data: node_services.node_rename(node=node, **data),
+                      said=lambda node: f"The node is now called {node.name}.")
+
+
+@login_required
+def node_delete(request, node_id):
+    """GET: what deleting the node does, or why it cannot be deleted yet; POST (the confirm button): delete it."""
+    node = _node_or_404(request, node_id)
+    if request.method == "POST":
+        try:
+            node_services.node_delete(node=node, by=request.user.get_username())
+        except DomainError as exc:
+            messages.error(request, exc.message)
+            return redirect("console:node-delete", node_id=node.pk)
+        messages.success(request, f"{node.name} is deleted: its token no longer works and its agent was told to stop. "
+                                  f"Its past leases and earnings stay in your statements.")
+        return redirect("console:nodes")
+    held = fleet_selectors.node_holders(node=node)
+    where = f"{node.region}, {node.hostname}" if node.hostname else node.region
+    return confirm_page(request, Confirm(
+        title=f"Delete {node.name}?",
+        points=[f"{node.name} ({where}): its agent token stops working at once; a connected agent is told the node "
+                "was deleted and stops.",
+                "Its GPUs take no more work, and it leaves your nodes.",
+                "Its past leases, usage and earnings stay in your statements.",
+                f"The name {node.name} is free for a new node: to run this server again, register a node and start "
+                "its agent with the new token."],
+        action=f"Delete {node.name}", keep="Keep it", back=reverse("console:node", args=[node.pk]),
+        refused=(f"{node.name} cannot be deleted yet: it still has {held}. Drain it so that no new work is placed "
+                 "on it, and delete it once these have ended.") if held else ""))
 
 
 @login_required
 @require_POST
 def node_settings(request, node_id):
     """The provider's terms for buyers' containers on the node."""
-    node = _node_or_404(request, node_id)
-    form = NodeSettingsForm(request.POST)
-    if form.is_valid():
-        try:
-            with transaction.atomic():
-                node_services.node_settings_update(node=node, **form.cleaned_data)
-        except DomainError as exc:
-            add_domain_error(form, exc)
-        else:
-            messages.success(request, "Container settings saved: they apply to containers started from now on.")
-            return redirect("console:node", node_id=node.pk)
-    mark_invalid(form)
-    return node_detail(request, node_id, settings_form=form, status=400)
+    return _node_form(request, node_id, NodeSettingsForm(request.POST), slot="settings_form",
+                      act=lambda node, data: node_services.node_settings_update(node=node, **data),
+                      said=lambda node: "Container settings saved: they apply to containers started from now on.")
 
 
 @login_required

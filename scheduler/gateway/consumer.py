@@ -23,7 +23,7 @@ from nodeagent import protocol
 from scheduler.errors import DomainError
 from scheduler.ports import market
 from scheduler.services import commands as command_services, health as health_services, nodes as node_services
-from scheduler.services.events import agent_group, node_group
+from scheduler.services.events import REVOKED_SAID, agent_group, node_group
 
 from .base import LoopConsumer, dumps
 from .ingest import INGEST
@@ -260,9 +260,10 @@ class AgentConsumer(LoopConsumer):
             command_ids=[frame["id"]], at=timezone.now())
 
     async def agent_revoked(self, message: dict) -> None:
-        """The node's token was rotated: this socket authenticated with the old one."""
-        await self._error(protocol.E_UNAUTHORISED, "this node's token was rotated; start the agent with the new one")
-        await self.close(code=CLOSE_UNAUTHORISED, reason="token rotated")
+        """The node's token was rotated (this socket authenticated with the old one), or the node was deleted."""
+        why = message.get("why", "rotated")
+        await self._error(protocol.E_UNAUTHORISED, REVOKED_SAID.get(why, REVOKED_SAID["rotated"]))
+        await self.close(code=CLOSE_UNAUTHORISED, reason="node deleted" if why == "deleted" else "token rotated")
 
     async def agent_replaced(self, message: dict) -> None:
         """A newer socket of this node had its hello accepted: this one stops speaking for the node."""

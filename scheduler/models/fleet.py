@@ -20,6 +20,9 @@ class Node(models.Model):
         ONLINE = "online", "online"
         OFFLINE = "offline", "offline"
         DRAINING = "draining", "draining"
+        # Its provider deleted it (scheduler.services.nodes.node_delete): its token works no more, it is in no list
+        # and takes no work; the row stays for the leases, usage and earnings that name it.
+        DELETED = "deleted", "deleted"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     provider = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="nodes", on_delete=models.PROTECT)
@@ -63,7 +66,9 @@ class Node(models.Model):
     class Meta:
         ordering = ["name"]
         constraints = [
-            models.UniqueConstraint(fields=["provider", "name"], name="node_unique_name_per_provider"),
+            # A deleted node's name is free for a new one.
+            models.UniqueConstraint(fields=["provider", "name"], condition=~Q(status="deleted"),
+                                    name="node_unique_name_per_provider"),
             models.CheckConstraint(condition=Q(port_range_start__gte=1024) & Q(port_range_end__lte=65535)
                                    & Q(port_range_end__gte=F("port_range_start")), name="node_port_range_valid"),
             models.CheckConstraint(condition=Q(price_per_gpu_hour__gte=0), name="node_price_nonnegative"),

@@ -76,8 +76,13 @@ def send_to_agent(node_id, frame: dict) -> None:
     _send(agent_group(node_id), {"type": "agent.command", "frame": frame})
 
 
-def tell_agent_token_revoked(node_id) -> None:
-    _send(agent_group(node_id), {"type": "agent.revoked"})
+# Why an agent's token stopped working, as its socket is told before it is closed (4401: the agent stops).
+REVOKED_SAID = {"rotated": "this node's token was rotated; start the agent with the new one",
+                "deleted": "this node was deleted by its provider; its agent is no longer accepted"}
+
+
+def tell_agent_token_revoked(node_id, *, why: str = "rotated") -> None:
+    _send(agent_group(node_id), {"type": "agent.revoked", "why": why})
 
 
 def tell_agent_uncordoned(node_id, gpu_uuid: str) -> None:

@@ -1,4 +1,5 @@
-"""Services that write nodes: registration, the agent's hello (inventory upsert), heartbeats, offline, drain."""
+"""Services that write nodes: registration, renaming and deletion, the agent's hello (inventory upsert), heartbeats,
+offline, drain."""
 from __future__ import annotations
 
 import logging
@@ -15,6 +16,7 @@ from nodeagent.hardware import gpus as core_gpus, mig as core_mig
 from scheduler.errors import Conflict, DomainError, PermissionDenied
 from scheduler.models import AgentCommand, Gpu, GpuModel, HealthEvent, Node, Slice
 from scheduler.ports import market
+from scheduler.selectors import node_holders
 
 from .events import announce_node, tell_agent_token_revoked
 from .tokens import token_hash, token_new
@@ -25,6 +27,13 @@ MAX_NAME = 80
 # node's history: the "disconnected" event becomes a single "reconnected" one instead of a pair.
 RECONNECT_WINDOW_SECONDS = 10.0
 CONNECTION_EVENTS = ("connected", "reconnected", "disconnected")
+
+
+def _node_name(name: str) -> str:
+    name = (name or "").strip()
+    if not name or len(name) > MAX_NAME:
+        raise DomainError(f"a node needs a name of 1 to {MAX_NAME} characters", field="name")
+    return name
 
 
 def node_register(*, provider, name: str, region: str = "eu-west",
@@ -38,9 +47,7 @@ def node_register(*, provider, name: str, region: str = "eu-west",
     refusal = market().provider_refusal(user=provider)
     if refusal:
         raise PermissionDenied(refusal, code="not_a_provider")
-    name = (name or "").strip()
-    if not name or len(name) > MAX_NAME:
-        raise DomainError(f"a node needs a name of 1 to {MAX_NAME} characters", field="name")
+    name = _node_name(name)
     region = (region or "").strip()
     if not region or len(region) > 40:
         raise DomainError("a node needs a region of 1 to 40 characters", field="region")
@@ -75,10 +82,55 @@ def node_rotate_token(*, node: Node) -> str:
     return token
 
 
+def node_rename(*, node: Node, name: str) -> Node:
+    """Give `node` another name, unique among its provider's nodes (Conflict naming the field otherwise)."""
+    name = _node_name(name)
+    try:
+        with transaction.atomic():
+            Node.objects.filter(pk=node.pk).update(name=name)
+    except IntegrityError:
+        raise Conflict(f"you already have a node named {name!r}", field="name") from None
+    node.name = name
+    return node
+
+
+def node_delete(*, node: Node, by: str = "its provider") -> Node:
+    """Delete `node`. Refused (Conflict, code "node_busy", naming them) while a buyer's lease runs on it or a
+    reservation holds a window of it: drain it and delete it once they have ended. Otherwise its token stops working
+    at once, an agent still connected is told why and disconnected (close 4401: it stops), instances no lease holds
+    are forgotten, and it leaves every list and placement with its GPUs (an agent reinstalled on another of the
+    provider's nodes takes them along). The row stays, status "deleted", for the leases, usage and earnings that name
+    it; its name is free for a new node. Deleting a deleted node changes nothing."""
+    now = timezone.now()
+    with transaction.atomic():
+        # Lock the node, and only the node. The race is an order or a booking claiming a slice or a window on its
+        # GPUs meanwhile: a claim locks its GPU, then the node, and re-checks the node's status; so a claim that
+        # got here first has committed its lease (counted below), and one that comes after finds the node
+        # deleted and looks elsewhere. Locking (or writing) the GPUs here too would take them in the opposite
+        # order to the claims: a deadlock. A hello bringing the node back waits too, and is refused.
+        node = Node.objects.select_for_update().get(pk=node.pk)
+        if node.status == Node.Status.DELETED:
+            return node
+        held = node_holders(node=node)
+        if held:
+            raise Conflict(f"{node.name} still has {held}: drain it, and delete it once they have ended",
+                           code="node_busy")
+        for sl in Slice.objects.select_for_update(of=("self",)).filter(gpu__node=node, state__in=Slice.ACTIVE_STATES):
+            sl.state, sl.ended_at, sl.error = Slice.State.DESTROYED, now, "its node was deleted"
+            sl.save(update_fields=["state", "ended_at", "error"])
+        # A hash of a token nobody was given: the old token, and any agent holding it, is refused from now on.
+        node.status, node.token_hash, node.token_prefix = Node.Status.DELETED, token_hash(token_new()), ""
+        node.save(update_fields=["status", "token_hash", "token_prefix"])
+        HealthEvent.objects.create(node=node, kind="deleted", message=f"node deleted by {by}")
+        transaction.on_commit(lambda: tell_agent_token_revoked(node.pk, why="deleted"))
+        transaction.on_commit(lambda: announce_node(node.pk, {"status": Node.Status.DELETED}))
+    return node
+
+
 def node_for_token(*, token: str) -> Node | None:
     if not token or len(token) > 200:
         return None
-    return Node.objects.filter(token_hash=token_hash(token)).first()
+    return Node.objects.filter(token_hash=token_hash(token)).exclude(status=Node.Status.DELETED).first()
 
 
 def node_agent_connect(*, token: str) -> tuple[Node, int] | None:
@@ -108,6 +160,8 @@ def node_hello(*, node_id, frame: dict, token_hash: str | None = None, session: 
     reported = {g["uuid"]: g for g in frame["gpus"]}
     with transaction.atomic():
         node = Node.objects.select_for_update().get(pk=node_id)
+        if node.status == Node.Status.DELETED:
+            raise DomainError("this node was deleted by its provider", code="unauthorised", status=401)
         if token_hash is not None and node.token_hash != token_hash:
             raise DomainError("this node's token was rotated; start the agent with the new one",
                               code="unauthorised", status=401)
@@ -129,7 +183,7 @@ def node_hello(*, node_id, frame: dict, token_hash: str | None = None, session: 
             HealthEvent.objects.bulk_create([
                 HealthEvent(node=old_node, gpu=gpu, kind="gpu_moved", message=f"GPU {gpu.uuid} moved to {node.name}"),
                 HealthEvent(node=node, gpu=gpu, kind="gpu_moved", message=f"GPU {gpu.uuid} moved here from "
-                                                                         f"{old_node.name} (offline)")])
+                                                                         f"{old_node.name} ({old_node.status})")])
         geometries = {uuid: _geometry_of(g) for uuid, g in reported.items()}
         node.hostname = frame["hostname"][:255]
         node.driver_version = frame["driver_version"][:40]
@@ -183,8 +237,8 @@ def _connection_record(*, node: Node, now: datetime, gpus: int) -> None:
 
 def _may_move(gpu: Gpu, *, to: Node) -> bool:
     """A GPU claimed by `to`'s hello may leave its node only for a node of the same provider, and only while
-    its node is offline (both up would mean one GPU in two servers: a copied inventory, not a move)."""
-    return gpu.node.provider_id == to.provider_id and gpu.node.status == Node.Status.OFFLINE
+    its node is offline or deleted (both up would mean one GPU in two servers: a copied inventory, not a move)."""
+    return gpu.node.provider_id == to.provider_id and gpu.node.status in (Node.Status.OFFLINE, Node.Status.DELETED)
 
 
 def gpu_release(*, gpu_id: int, by: str = "operator") -> Gpu:
@@ -382,13 +436,26 @@ NODE_SETTINGS_BOUNDS = {"cpus_per_gpu": (Decimal("0.1"), Decimal("1024")),
 ADDRESS = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([A-Za-z0-9.\-]{0,253}[A-Za-z0-9])?)$")
 
 
-def node_settings_update(*, node: Node, public_address: str | None = None, port_range_start: int | None = None,
-                         port_range_end: int | None = None, cpus_per_gpu: Decimal | None = None,
-                         ram_gb_per_gpu: Decimal | None = None, image_allowlist: list[str] | None = None) -> Node:
-    """The provider's terms for containers on `node`: where buyers reach it, the host ports it gives out, CPUs and
-    RAM per whole GPU (a slice gets its share), the images it runs (reference prefixes; empty: any). A changed
-    range applies to containers started from now on (running ones keep their ports). DomainError naming the
-    field when a value is out of bounds; nothing is written then."""
+def node_settings_update(*, node: Node, name: str | None = None, public_address: str | None = None,
+                         port_range_start: int | None = None, port_range_end: int | None = None,
+                         cpus_per_gpu: Decimal | None = None, ram_gb_per_gpu: Decimal | None = None,
+                         image_allowlist: list[str] | None = None) -> Node:
+    """The provider's settings of `node`: its name (node_rename), and its terms for containers: where buyers reach
+    it, the host ports it gives out, CPUs and RAM per whole GPU (a slice gets its share), the images it runs
+    (reference prefixes; empty: any). A changed range applies to containers started from now on (running ones keep
+    their ports). DomainError naming the field when a value is out of bounds; nothing is written then (one
+    transaction)."""
+    with transaction.atomic():
+        if name is not None:
+            node_rename(node=node, name=name)
+        return _terms_update(node=node, public_address=public_address, port_range_start=port_range_start,
+                             port_range_end=port_range_end, cpus_per_gpu=cpus_per_gpu, ram_gb_per_gpu=ram_gb_per_gpu,
+                             image_allowlist=image_allowlist)
+
+
+def _terms_update(*, node: Node, public_address: str | None, port_range_start: int | None,
+                  port_range_end: int | None, cpus_per_gpu: Decimal | None, ram_gb_per_gpu: Decimal | None,
+                  image_allowlist: list[str] | None) -> Node:
     if public_address is not None:
         public_address = public_address.strip()
         if public_address and not ADDRESS.match(public_address):

@@ -336,7 +336,7 @@ def test_a_bad_top_up_amount_is_refused_beside_the_field(client, buyer):
 # --- account ---------------------------------------------------------------------------------------------------
 
 def test_an_api_key_is_shown_once_listed_by_prefix_and_revoked(client, buyer):
-    r = client.post("/account/keys/", {"name": "ci"})
+    r = client.post("/account/keys/", {"name": "ci", "scopes": ["read", "trade"]})
     secret = re.search(r'id="new-api-key">([^<]+)<', r.content.decode()).group(1)
     assert apikeys.api_key_resolve(secret=secret).user == buyer
     html = client.get("/account/").content.decode()
@@ -454,15 +454,15 @@ def test_notification_settings_are_saved_on_the_account_page(client, buyer):
     assert 'value="https://hooks.example.org/gpu"' in html
 
 
-@pytest.mark.parametrize("debug, url, ok", [
+@pytest.mark.parametrize("loopback_allowed, url, ok", [
     (False, "http://127.0.0.1:8000/hook", False),
     (True, "http://127.0.0.1:8000/hook", True),
     (True, "http://10.0.0.1/hook", False),
     (False, "ftp://example.org/hook", False),
 ])
 def test_a_webhook_url_to_this_machine_or_a_private_network_gets_an_error_beside_the_field_and_keeps_the_input(
-        client, buyer, settings, debug, url, ok):
-    settings.DEBUG = debug
+        client, buyer, settings, loopback_allowed, url, ok):
+    settings.WEBHOOKS_ALLOW_LOOPBACK = loopback_allowed
     r = client.post("/account/notifications/", {"notify-webhook_url": url, "notify-interruption": "on"})
     if ok:
         assert r.status_code == 302 and buyer.notification_settings.webhook_url == url

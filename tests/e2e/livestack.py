@@ -101,7 +101,8 @@ class LiveStack:
         self.web_args = tuple(web_args)
         self.agent_args = tuple(agent_args)  # e.g. the container runtime: --runtime docker --engine-url ...
         base = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"}
-        self.env = {**base, "DJANGO_SETTINGS_MODULE": "config.settings.dev", "DJANGO_DEBUG": "1",
+        # The demo's settings, DEBUG off as in the demo and production: an error is the product's, not a traceback.
+        self.env = {**base, "DJANGO_SETTINGS_MODULE": "config.settings.dev", "DJANGO_DEBUG": "0",
                     "GPUMARKET_VAR_DIR": str(tmp), "PYTHONUNBUFFERED": "1", "LOG_LEVEL": "WARNING",
                     **(env or {})}
         self.spec = nodes

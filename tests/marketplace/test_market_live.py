@@ -38,7 +38,7 @@ class Hook(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def hook_url(settings):
-    settings.DEBUG = True  # a loopback webhook is allowed only in the demo (SSRF guard otherwise)
+    settings.WEBHOOKS_ALLOW_LOOPBACK = True  # a loopback webhook is allowed only in the demo (SSRF guard otherwise)
     server = HTTPServer(("127.0.0.1", 0), Hook)
     Hook.received = []
     t = threading.Thread(target=server.serve_forever, daemon=True)
@@ -82,7 +82,7 @@ async def test_a_spot_interruption_reaches_the_buyers_socket_and_webhook_and_not
 
 
 def test_a_failing_webhook_is_logged_and_returns_false(caplog, settings):
-    settings.DEBUG = True  # loopback is allowed: what fails here is the connection, not the address check
+    settings.WEBHOOKS_ALLOW_LOOPBACK = True  # loopback is allowed: what fails here is the connection, not the address check
     assert notify.webhook_post(url="http://127.0.0.1:9/nothing-listens", payload={"x": 1}, timeout=0.5) is False
     assert "webhook" in caplog.text
 

@@ -1,5 +1,5 @@
 """Account-level notification settings: where a market event's webhook goes, which kinds are sent, and the
-SSRF guard on webhook URLs (refused unless public http(s); loopback only when settings.DEBUG allows it)."""
+SSRF guard on webhook URLs (refused unless public http(s); loopback only when settings.WEBHOOKS_ALLOW_LOOPBACK allows it (the demo))."""
 from __future__ import annotations
 
 from datetime import timedelta
@@ -38,14 +38,14 @@ def sent(monkeypatch):
     ("http://0.0.0.0/", "not public"),
 ])
 def test_webhook_urls_that_are_not_public_http_are_refused(url, why, settings):
-    settings.DEBUG = False
+    settings.WEBHOOKS_ALLOW_LOOPBACK = False
     with pytest.raises(DomainError, match=why) as err:
         notifications.notification_settings_update(user=UserFactory(), webhook_url=url)
     assert err.value.field == "webhook_url" and not NotificationSettings.objects.exists()
 
 
-def test_debug_allows_loopback_webhooks_for_the_demo_but_never_private_or_link_local_ones(settings):
-    settings.DEBUG = True
+def test_the_demo_allows_loopback_webhooks_but_never_private_or_link_local_ones(settings):
+    settings.WEBHOOKS_ALLOW_LOOPBACK = True
     user = UserFactory()
     row = notifications.notification_settings_update(user=user, webhook_url="http://127.0.0.1:9/hook")
     assert row.webhook_url == "http://127.0.0.1:9/hook"
@@ -55,7 +55,7 @@ def test_debug_allows_loopback_webhooks_for_the_demo_but_never_private_or_link_l
 
 
 def test_an_order_webhook_to_a_private_address_is_refused_and_nothing_is_written(settings):
-    settings.DEBUG = False
+    settings.WEBHOOKS_ALLOW_LOOPBACK = False
     Fleet().node("l4:1", price="1.00")
     buyer = UserFactory()
     top_up(buyer, "10")
@@ -65,7 +65,7 @@ def test_an_order_webhook_to_a_private_address_is_refused_and_nothing_is_written
 
 
 def test_a_webhook_whose_name_resolves_to_a_private_address_is_not_posted_to(settings, monkeypatch):
-    settings.DEBUG = False
+    settings.WEBHOOKS_ALLOW_LOOPBACK = False
     monkeypatch.setattr(notifications.socket, "getaddrinfo",
                         lambda *a, **k: [(2, 1, 6, "", ("10.0.0.9", 80))])
     assert notify.webhook_post(url="http://hooks.example.org/x", payload={"a": 1}) is False

@@ -19,7 +19,7 @@ from marketplace.products.demo import DEMO_USERS, demo_seed
 
 
 # An agent that exits with these codes cannot be helped by starting it again (nodeagent/client.py).
-AGENT_FINAL = {3: "the server refused its node token (rotated or revoked)",
+AGENT_FINAL = {3: "the server refused its node token (rotated, or its node deleted)",
                4: "another agent connected with this node's token and replaced it"}
 
 
