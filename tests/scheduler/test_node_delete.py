@@ -14,7 +14,7 @@ from django.utils import timezone
 from rest_framework.test import APIClient
 
 from marketplace.models import Lease, Order, Reservation
-from marketplace.money.statements import earnings
+from marketplace.money.earnings import earnings
 from marketplace.products import orders
 from marketplace.products.orders import OrderSpec
 from nodeagent import protocol
@@ -126,7 +126,7 @@ def test_deleting_a_node_stops_its_token_hides_it_frees_its_name_and_keeps_its_e
     # The name is free, and the money that names the node is still there, under its name.
     assert c.post("/api/v1/nodes/", {"name": node.name}, format="json").status_code == 201
     after = earnings(user=provider, month=None)
-    assert after["usage"] == before["usage"] and after["usage"][0]["node"]["name"] == node.name
+    assert after["nodes"] == before["nodes"] and after["nodes"][0]["node"]["name"] == node.name
     assert Lease.objects.get(pk=lease.pk).slice.gpu.node_id == node.pk
     # Deleting it again: not found among the provider's nodes (the service itself would change nothing).
     assert c.delete(f"/api/v1/nodes/{node.pk}/").status_code == 404
