@@ -195,6 +195,7 @@ class StatementSliceSerializer(serializers.Serializer):
 
 class ChargeSerializer(serializers.Serializer):
     kind = serializers.CharField()
+    label = serializers.CharField(help_text="the kind in words: reserved windows, resale market, ...")
     amount = serializers.CharField(**AMOUNT)
     amount_usd = serializers.CharField(**AMOUNT_USD)
 
@@ -217,6 +218,8 @@ class StatementTotalsSerializer(serializers.Serializer):
     other_charges_amount = serializers.CharField(**AMOUNT)
     amount = serializers.CharField(**AMOUNT)
     amount_usd = serializers.CharField(**AMOUNT_USD)
+    credits_amount = serializers.CharField(**AMOUNT)
+    credits_amount_usd = serializers.CharField(**AMOUNT_USD)
 
 
 class StatementWalletSerializer(serializers.Serializer):

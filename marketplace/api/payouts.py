@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 
-from drf_spectacular.utils import extend_schema, extend_schema_view
+from drf_spectacular.utils import extend_schema, extend_schema_serializer, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -57,6 +57,7 @@ class EarningTotalsSerializer(AmountsSerializer):
     gpu_seconds = serializers.IntegerField()
 
 
+@extend_schema_serializer(many=False)
 class EarningsSerializer(serializers.Serializer):
     month = serializers.CharField()
     currency = serializers.CharField()

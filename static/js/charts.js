@@ -68,7 +68,9 @@ window.consoleCharts = (function () {
           el.dataset.ticks = labels.join("|").replace(/\n/g, " ");
           return labels;
         } },
-        { stroke: "#64748b", size: opts.ySize || 48, values: opts.yValues },
+        // As wide as its longest label (a phone's narrow chart cut "15.435" to "5.435" at a fixed 48 px).
+        { stroke: "#64748b", values: opts.yValues, size: (u, values) => Math.max(opts.ySize || 48,
+          12 + 7 * Math.max(0, ...(values || []).map((v) => String(v).length))) },
       ],
       series: series,
       hooks: { setScale: [(u, key) => {

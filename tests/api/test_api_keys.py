@@ -14,7 +14,7 @@ from rest_framework.test import APIClient
 
 from marketplace.models import ApiKey
 from marketplace.products.apikeys import api_key_create, api_key_resolve
-from tests.factories import UserFactory
+from tests.factories import ProviderFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
@@ -43,8 +43,9 @@ PUBLIC = ("/api/v1/offers/", "/api/v1/spot-prices/", "/api/v1/resale-listings/")
 
 
 def scope_of_writes(path: str) -> str:
-    """What the brief says each write needs: the fleet `provide`, the market and money `trade`."""
-    return "provide" if path.startswith(("/api/v1/nodes/", "/api/v1/gpus/", "/api/v1/slices/")) else "trade"
+    """What the brief says each write needs: the fleet and payouts `provide`, the market and money `trade`."""
+    fleet = ("/api/v1/nodes/", "/api/v1/gpus/", "/api/v1/slices/", "/api/v1/payouts/")
+    return "provide" if path.startswith(fleet) else "trade"
 
 
 def test_a_key_made_through_the_api_shows_its_secret_once_and_works_within_its_scopes():
@@ -145,7 +146,7 @@ def test_every_read_needs_the_read_scope_unless_it_is_public(method, path, op):
 
 def test_a_session_is_not_limited_by_scopes():
     session = APIClient()
-    session.force_login(UserFactory())
+    session.force_login(ProviderFactory())
     assert session.post("/api/v1/nodes/", {"name": "n"}, format="json").status_code == 201
     assert session.post("/api/v1/projects/", {"name": "p"}, format="json").status_code == 201
 

@@ -23,13 +23,19 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run"]
 SHOTS = ROOT / "var" / "screenshots"  # not tracked; README images are copies in docs/screenshots
 PASSWORD = "browser-pass-1"
-USERS = ["buyer-ann", "buyer-bob", "buyer-cat", "prov-dan"]
+USERS = ["buyer-ann", "buyer-bob", "buyer-cat", "prov-dan", "prov-eve"]
+# prov-dan takes the provider step in its own test (test_provider_flow.py); prov-eve has taken it.
+PROVIDERS = ["prov-eve"]
 
 SEED_USERS = r"""
 import json
 from django.contrib.auth import get_user_model
+from marketplace.products.accounts.providers import PROVIDER_TERMS_VERSION, provider_onboard
 for name in json.loads(%r):
     get_user_model().objects.create_user(name, password=%r)
+for name in json.loads(%r):
+    provider_onboard(user=get_user_model().objects.get(username=name), display_name=name, payout_country="DE",
+                     terms_accepted=True, terms_version=PROVIDER_TERMS_VERSION)
 print("OK")
 """
 
@@ -57,7 +63,7 @@ class BrowserStack(LiveStack):
         self.mailbox, smtp_port = self._smtp.__enter__()
         self.env.update({"EMAIL_HOST": "127.0.0.1", "EMAIL_PORT": str(smtp_port)})
         super().start()
-        self._run("manage.py", "shell", "-c", SEED_USERS % (json.dumps(USERS), PASSWORD))
+        self._run("manage.py", "shell", "-c", SEED_USERS % (json.dumps(USERS), PASSWORD, json.dumps(PROVIDERS)))
         return self
 
     def stop(self) -> None:

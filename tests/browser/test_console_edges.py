@@ -242,7 +242,7 @@ def test_each_destructive_action_asks_first_and_keeping_changes_nothing(new_page
     page.get_by_role("button", name="Create key").click()
     page.goto("/account/")
     keep(page, "Revoke key to-keep", back=r"/account/")
-    assert page.locator("#key-list tr", has_text="to-keep").locator(".pill").inner_text() == "active"
+    assert page.locator("#key-list tr", has_text="to-keep").locator(".pill.online").inner_text() == "active"
     keep(page, "Remove SSH key laptop", back=r"/account/")
     assert page.locator("#ssh-key-list tr", has_text="laptop").count() == 1
     keep(page, "Delete project vision", back=r"/account/")

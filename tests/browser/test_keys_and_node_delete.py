@@ -47,33 +47,33 @@ def test_a_key_made_with_only_the_read_scope_reads_and_cannot_order(stack, new_p
 
 def test_a_provider_renames_a_node_then_deletes_it_after_confirming_and_its_agent_stops(stack, new_page, request):
     page = new_page()
-    login(page, "prov-dan")
+    login(page, "prov-eve")
     page.get_by_role("link", name="Register a node").first.click()
-    page.get_by_label("Name").fill("dan-old-box")
+    page.get_by_label("Name").fill("eve-old-box")
     page.get_by_role("button", name="Register").click()
     command = page.locator("#agent-command").inner_text().strip()
     assignment, *argv = shlex.split(command)
     name, _, value = assignment.partition("=")
-    agent = stack._spawn("agent-dan-old-box", argv[1:] + ["--simulate", "l4:1", "--hostname", "old-box.e2e",
+    agent = stack._spawn("agent-eve-old-box", argv[1:] + ["--simulate", "l4:1", "--hostname", "old-box.e2e",
                                                          "--interval", "0.5"], {name: value})
     page.get_by_role("link", name="Watch it come online").click()
     page.locator("#node-status", has_text="Online").wait_for()
 
     page.locator("#node-rename summary").click()
-    page.locator("#node-rename").get_by_label("Name").fill("dan-retired-box")
+    page.locator("#node-rename").get_by_label("Name").fill("eve-retired-box")
     page.locator("#node-rename").get_by_role("button", name="Rename").click()
-    page.get_by_role("heading", name="dan-retired-box").wait_for()
-    assert "is now called dan-retired-box" in page.locator(".flash").inner_text()
+    page.get_by_role("heading", name="eve-retired-box").wait_for()
+    assert "is now called eve-retired-box" in page.locator(".flash").inner_text()
     screenshot(page, request, "-renamed")
 
     page.locator("#node-delete").click()
     assert "token stops working" in page.locator(".card.confirm").inner_text()
     screenshot(page, request, "-confirm")
     assert agent.poll() is None  # asking deletes nothing
-    page.get_by_role("button", name="Delete dan-retired-box").click()
+    page.get_by_role("button", name="Delete eve-retired-box").click()
     page.wait_for_url("**/nodes/")
-    assert "dan-retired-box is deleted" in page.locator(".flash").inner_text()
-    assert page.get_by_role("link", name="dan-retired-box").count() == 0
+    assert "eve-retired-box is deleted" in page.locator(".flash").inner_text()
+    assert page.get_by_role("link", name="eve-retired-box").count() == 0
     # Its agent was told why and stopped: exit 3, the server refused its token.
     assert wait_until(lambda: agent.poll() is not None, timeout=30, what="the agent to stop") and agent.returncode == 3
-    assert "deleted by its provider" in (stack.tmp / "agent-dan-old-box.log").read_text()
+    assert "deleted by its provider" in (stack.tmp / "agent-eve-old-box.log").read_text()

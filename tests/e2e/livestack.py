@@ -19,11 +19,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # What a signed-in browser holds: a session in the database (any web process reads it) for `user`.
 SESSION = r"""
+from django.conf import settings
 from django.contrib.sessions.backends.db import SessionStore
 from django.contrib.auth import SESSION_KEY, BACKEND_SESSION_KEY, HASH_SESSION_KEY
 def session_for(user):
     s = SessionStore()
-    s[SESSION_KEY] = str(user.pk); s[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+    s[SESSION_KEY] = str(user.pk); s[BACKEND_SESSION_KEY] = settings.AUTHENTICATION_BACKENDS[0]
     s[HASH_SESSION_KEY] = user.get_session_auth_hash(); s.create()
     return s.session_key
 """
