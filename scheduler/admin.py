@@ -55,13 +55,13 @@ class NodeAdmin(admin.ModelAdmin):
     @admin.action(description="Drain selected nodes (no new work)")
     def drain(self, request, queryset):
         for node in queryset:
-            node_services.node_drain(node=node)
+            node_services.node_drain(node=node, by_operator=True)
         self.message_user(request, f"{queryset.count()} node(s) draining", messages.SUCCESS)
 
     @admin.action(description="Undrain selected nodes")
     def undrain(self, request, queryset):
         for node in queryset:
-            node_services.node_undrain(node=node)
+            node_services.node_undrain(node=node, by_operator=True)
         self.message_user(request, f"{queryset.count()} node(s) back in service", messages.SUCCESS)
 
 

@@ -29,7 +29,7 @@ class NodeSerializer(serializers.ModelSerializer):
         fields = ["id", "name", "region", "status", "hostname", "driver_version", "cuda_version", "agent_version",
                   "backend", "runtime", "price_per_gpu_hour", "reliability", "last_heartbeat", "token_prefix",
                   "gpu_count", "cordoned_count", "public_address", "port_range_start", "port_range_end",
-                  "cpus_per_gpu", "ram_gb_per_gpu", "image_allowlist", "created_at"]
+                  "cpus_per_gpu", "ram_gb_per_gpu", "image_allowlist", "drained_by", "created_at"]
         read_only_fields = fields
 
 
@@ -184,7 +184,15 @@ class NodeViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Gen
     @extend_schema(request=None, responses=NodeSerializer)
     @action(detail=True, methods=["post"])
     def drain(self, request, pk=None):
-        node = node_services.node_drain(node=self.get_object())
+        node = node_services.node_drain(node=self.get_object(), by_operator=request.user.is_staff)
+        return Response(NodeSerializer(selectors.node_get(user=request.user, node_id=node.pk)).data)
+
+    @extend_schema(request=None, responses=NodeSerializer,
+                   description="Take new work again. A node an operator drained is put back only by an operator "
+                               "(403 `drained_by_operator`).")
+    @action(detail=True, methods=["post"])
+    def undrain(self, request, pk=None):
+        node = node_services.node_undrain(node=self.get_object(), by_operator=request.user.is_staff)
         return Response(NodeSerializer(selectors.node_get(user=request.user, node_id=node.pk)).data)
 
     @extend_schema(request=None, responses=TokenSerializer)

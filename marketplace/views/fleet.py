@@ -180,10 +180,14 @@ def node_drain(request, node_id):
             fields={"action": "drain"},
             refused=f"{node.name} is draining already." if node.drain_requested else ""))
     if request.POST.get("action") == "undrain":
-        node_services.node_undrain(node=node)
-        messages.success(request, f"{node.name} takes new work again.")
+        try:
+            node_services.node_undrain(node=node, by_operator=request.user.is_staff)
+        except DomainError as exc:
+            messages.error(request, exc.message[:1].upper() + exc.message[1:] + ".")
+        else:
+            messages.success(request, f"{node.name} takes new work again.")
     else:
-        node_services.node_drain(node=node)
+        node_services.node_drain(node=node, by_operator=request.user.is_staff)
         messages.success(request, f"{node.name} is draining: running leases stay until they end, no new work.")
     return redirect("console:node", node_id=node.pk)
 

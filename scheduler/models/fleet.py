@@ -42,6 +42,9 @@ class Node(models.Model):
     reliability = models.FloatField(default=1.0, help_text="share of time online since registration")
     # Kept apart from status: a draining node that goes offline must come back draining, not online.
     drain_requested = models.BooleanField(default=False, help_text="drained by its provider or an operator")
+    # Who drained it (empty while it takes work): an operator's drain is lifted only by an operator, like a cordon.
+    drained_by = models.CharField(max_length=10, choices=[("provider", "its provider"), ("operator", "an operator")],
+                                  blank=True)
     last_heartbeat = models.DateTimeField(null=True, blank=True, db_index=True)
     connected_at = models.DateTimeField(null=True, blank=True)
     # Agent sockets in the order they authenticated, and the one whose hello was accepted last: only a newer

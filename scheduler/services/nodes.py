@@ -410,23 +410,34 @@ def nodes_lose_leases(*, now: datetime | None = None) -> list:
     return lost
 
 
-def node_drain(*, node: Node) -> Node:
+def node_drain(*, node: Node, by_operator: bool = False) -> Node:
     """Stop placing new work on `node`; running slices stay until their leases end. An offline node stays
-    offline and comes back draining."""
-    Node.objects.filter(pk=node.pk).update(drain_requested=True)
-    Node.objects.filter(pk=node.pk).exclude(status__in=[Node.Status.DRAINING, Node.Status.OFFLINE]).update(
-        status=Node.Status.DRAINING)
-    node.refresh_from_db()
-    HealthEvent.objects.create(node=node, kind="drain", message="node set to draining")
-    transaction.on_commit(lambda: announce_node(node.pk, {"status": node.status}))
+    offline and comes back draining. An operator's drain takes over a provider's (so the provider cannot lift it);
+    a provider draining a node an operator drained changes nothing."""
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node.pk)
+        drained_by = "operator" if by_operator or node.drained_by == "operator" else "provider"
+        Node.objects.filter(pk=node.pk).update(drain_requested=True, drained_by=drained_by)
+        Node.objects.filter(pk=node.pk).exclude(status__in=[Node.Status.DRAINING, Node.Status.OFFLINE]).update(
+            status=Node.Status.DRAINING)
+        node.refresh_from_db()
+        HealthEvent.objects.create(node=node, kind="drain", message=f"node set to draining by {node.get_drained_by_display()}")
+        transaction.on_commit(lambda: announce_node(node.pk, {"status": node.status}))
     return node
 
 
-def node_undrain(*, node: Node) -> Node:
-    Node.objects.filter(pk=node.pk).update(drain_requested=False)
-    Node.objects.filter(pk=node.pk, status=Node.Status.DRAINING).update(status=Node.Status.ONLINE)
-    node.refresh_from_db()
-    transaction.on_commit(lambda: announce_node(node.pk, {"status": node.status}))
+def node_undrain(*, node: Node, by_operator: bool = False) -> Node:
+    """Take new work on `node` again. A drain an operator set is lifted only by an operator (403
+    `drained_by_operator`): the provider is told to ask the operators."""
+    with transaction.atomic():
+        node = Node.objects.select_for_update().get(pk=node.pk)
+        if node.drained_by == "operator" and not by_operator:
+            raise PermissionDenied(f"{node.name} was drained by an operator: only an operator can put it back in "
+                                   "service; contact the operators", code="drained_by_operator")
+        Node.objects.filter(pk=node.pk).update(drain_requested=False, drained_by="")
+        Node.objects.filter(pk=node.pk, status=Node.Status.DRAINING).update(status=Node.Status.ONLINE)
+        node.refresh_from_db()
+        transaction.on_commit(lambda: announce_node(node.pk, {"status": node.status}))
     return node
 
 

@@ -97,3 +97,28 @@ def test_cordons_from_before_are_told_apart_by_their_reason():
                                health="cordoned", health_reason=reason) for i, reason in enumerate(reasons)]
     step(apps, None)
     assert [Gpu.objects.get(pk=g.pk).cordoned_by for g in gpus] == list(reasons.values())
+
+
+def test_a_provider_cannot_lift_an_operators_drain_but_lifts_its_own(client, fleet):
+    provider, operator, node, _ = fleet
+    r = api_for(operator).post(f"/api/v1/nodes/{node.pk}/drain/", {}, format="json")
+    assert r.status_code == 200 and r.json()["status"] == "draining" and r.json()["drained_by"] == "operator"
+    # The provider draining it again does not take it over.
+    assert api_for(provider).post(f"/api/v1/nodes/{node.pk}/drain/", {}, format="json").json()["drained_by"] == \
+        "operator"
+    r = api_for(provider).post(f"/api/v1/nodes/{node.pk}/undrain/", {}, format="json")
+    assert r.status_code == 403 and r.json()["error"]["code"] == "drained_by_operator"
+    client.force_login(provider)
+    page = client.get(f"/nodes/{node.pk}/").content.decode()
+    assert 'id="drained-by-operator"' in page and 'value="undrain"' not in page
+    r = client.post(f"/nodes/{node.pk}/drain/", {"action": "undrain"}, follow=True)
+    assert "only an operator can put it back in service" in r.content.decode()
+    node.refresh_from_db()
+    assert node.drain_requested and node.status == "draining"
+
+    r = api_for(operator).post(f"/api/v1/nodes/{node.pk}/undrain/", {}, format="json")
+    assert r.status_code == 200 and r.json()["status"] == "online" and r.json()["drained_by"] == ""
+    assert api_for(provider).post(f"/api/v1/nodes/{node.pk}/drain/", {}, format="json").json()["drained_by"] == \
+        "provider"
+    r = api_for(provider).post(f"/api/v1/nodes/{node.pk}/undrain/", {}, format="json")
+    assert r.status_code == 200 and r.json()["status"] == "online"

@@ -75,7 +75,7 @@ def test_what_each_operation_answers_on_success_is_declared(schema):
 
 
 def test_every_write_that_reads_a_body_declares_it(schema):
-    no_body = {"orders_cancel_create", "bids_cancel_create", "leases_end_create", "nodes_drain_create",
+    no_body = {"orders_cancel_create", "bids_cancel_create", "leases_end_create", "nodes_drain_create", "nodes_undrain_create",
                "nodes_rotate_token_create", "gpus_uncordon_create", "resale_listings_buy_create",
                "resale_listings_withdraw_create", "nodes_destroy", "slices_destroy", "ssh_keys_destroy",
                "projects_destroy", "api_keys_destroy", "payouts_cancel_create",
