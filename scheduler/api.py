@@ -23,6 +23,8 @@ class NodeSerializer(serializers.ModelSerializer):
     cordoned_count = serializers.IntegerField(read_only=True)
     image_allowlist = serializers.ListField(child=serializers.CharField(), read_only=True,
                                             help_text="image reference prefixes buyers may run here (empty: any)")
+    drained_by = serializers.ChoiceField(choices=["provider", "operator"], allow_blank=True, read_only=True,
+                                         help_text="who drained it; empty while it takes work")
 
     class Meta:
         model = Node
@@ -99,6 +101,8 @@ class GpuSerializer(serializers.ModelSerializer):
     node = serializers.UUIDField(source="node_id", read_only=True)
     model = serializers.CharField(source="gpu_model.key", default=None, read_only=True, allow_null=True)
     latest = serializers.SerializerMethodField()
+    cordoned_by = serializers.ChoiceField(choices=Gpu.CordonedBy.choices, allow_blank=True, read_only=True,
+                                          help_text="who cordoned it; empty while it is in service")
 
     class Meta:
         model = Gpu
