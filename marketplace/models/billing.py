@@ -29,9 +29,22 @@ class Project(models.Model):
     description = models.CharField(max_length=400, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
+    class BudgetCap(models.TextChoices):
+        # soft: alerts at 50/80/100% only; hard: at the cap new orders are refused and on-demand leases end
+        SOFT = "soft", "soft (alerts only)"
+        HARD = "hard", "hard (refuse and stop at the cap)"
+
+    # A calendar month's spend limit in USD (UTC months); empty means no budget.
+    monthly_budget = models.DecimalField(max_digits=12, decimal_places=2, null=True, blank=True)
+    budget_cap = models.CharField(max_length=8, choices=BudgetCap.choices, default=BudgetCap.SOFT)
+
     class Meta:
         ordering = ["name"]
-        constraints = [models.UniqueConstraint(fields=["user", "name"], name="project_name_unique_per_user")]
+        constraints = [
+            models.UniqueConstraint(fields=["user", "name"], name="project_name_unique_per_user"),
+            models.CheckConstraint(condition=models.Q(monthly_budget__isnull=True) | models.Q(monthly_budget__gt=0),
+                                   name="project_budget_positive"),
+        ]
 
     def __str__(self) -> str:
         return self.name
