@@ -7,6 +7,7 @@ from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 from marketplace.api.errors import api_not_found
 from marketplace.api.stripe_webhook import stripe_webhook
 from marketplace.views.auth import admin_login
+from marketplace.views.prometheus import metrics
 
 urlpatterns = [
     # The admin logs in through the console's log-in (one backend, lock-out, throttle and second factor for both).
@@ -15,6 +16,7 @@ urlpatterns = [
     path("", include("marketplace.auth_urls")),
     path("api/v1/", include("config.api_urls")),
     path("stripe/webhook/", stripe_webhook, name="stripe-webhook"),
+    path("metrics", metrics, name="prometheus-metrics"),
     # Pages name their icon (templates/base.html); browsers and tools that ask the root for it get it too.
     path("favicon.ico", lambda request: HttpResponsePermanentRedirect(static("favicon.svg"))),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),

@@ -8,7 +8,7 @@ from __future__ import annotations
 from decimal import Decimal
 from pathlib import Path
 
-from config.env import (DbPool, database_from_url, env_bool, env_choice, env_decimal, env_email, env_float, env_int,
+from config.env import (DbPool, ImproperlyConfiguredEnv, database_from_url, env_bool, env_choice, env_decimal, env_email, env_float, env_int,
                         env_int_list, env_list, env_log_level, env_rate, env_str, proxy_ssl_header, redis_url)
 
 BASE_DIR = Path(__file__).resolve().parent.parent.parent
@@ -17,8 +17,6 @@ VAR_DIR = Path(env_str("GPUMARKET_VAR_DIR", str(BASE_DIR / "var")))
 DEBUG = env_bool("DJANGO_DEBUG", False)
 SECRET_KEY = env_str("DJANGO_SECRET_KEY") or ("insecure-dev-key-change-me" if DEBUG else None)
 if not SECRET_KEY:
-    from config.env import ImproperlyConfiguredEnv
-
     raise ImproperlyConfiguredEnv("DJANGO_SECRET_KEY", "must be set when DJANGO_DEBUG is off")
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
@@ -299,6 +297,13 @@ CSRF_FAILURE_VIEW = "marketplace.views.errors.csrf_failure"
 
 # Webhook URLs must be public (marketplace/notifications.py, against SSRF); the demo's settings allow loopback.
 WEBHOOKS_ALLOW_LOOPBACK = False
+
+# --- Prometheus (docs/operations.md, Prometheus) ----------------------------------------------------------
+# /metrics answers only `Authorization: Bearer <METRICS_TOKEN>`; unset, the endpoint is off (404). At least 16
+# characters: it shows the whole fleet.
+METRICS_TOKEN = env_str("METRICS_TOKEN")
+if METRICS_TOKEN is not None and len(METRICS_TOKEN) < 16:
+    raise ImproperlyConfiguredEnv("METRICS_TOKEN", "must be at least 16 characters (or unset to turn /metrics off)")
 
 # --- Money -------------------------------------------------------------------------------------
 PLATFORM_FEE_RATE = env_decimal("PLATFORM_FEE_RATE", "0.10", minimum=Decimal("0"), maximum=1)

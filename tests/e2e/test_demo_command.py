@@ -90,6 +90,9 @@ def test_the_demo_starts_each_agent_with_its_runtime_and_says_which(fake_childre
             assert argv[argv.index("--gpu-devices") + 1] == "none"
     out = capsys.readouterr().out
     assert out.count(f": {runtime} (") == 3, out
+    web = next(p for p in started if "uvicorn" in p.argv)
+    token = web.env["METRICS_TOKEN"]  # /metrics is on in the demo, with the token it prints
+    assert len(token) >= 16 and f"metrics with 'Authorization: Bearer {token}'" in out
     assert sorted(killed) == sorted(p.pid for p in started)
 
 

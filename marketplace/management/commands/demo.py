@@ -117,6 +117,8 @@ class Command(BaseCommand):
 
                 start("localstripe", localstripe.argv(port=stripe_port, python=py), after_restart=register_webhook)
                 register_webhook()
+            # /metrics for a Prometheus on this machine: a token made up for this run unless one is set.
+            supervisor.base_env.setdefault("METRICS_TOKEN", settings.METRICS_TOKEN or "demo-" + secrets.token_hex(12))
             start("web", [py, "-m", "uvicorn", "config.asgi:application", "--host", host, "--port", str(port),
                           "--ws", "config.wsprotocol:WebSocketProtocol", "--log-level", "warning"])
             start("worker", [py, "-m", "celery", "-A", "config", "worker", "--pool", "solo", "--without-mingle",
@@ -152,6 +154,8 @@ class Command(BaseCommand):
                     self.stdout.write("  payouts: approved in the admin, paid by a simulated transfer (no Stripe Connect"
                                       " in the demo)")
             self.stdout.write(f"  sign up at {url}signup/: {mail_said()}")
+            self.stdout.write(f"  Prometheus: {url}metrics with 'Authorization: Bearer {supervisor.base_env['METRICS_TOKEN']}'"
+                              " (docs/operations.md has a scrape config and a Grafana dashboard)")
             self.stdout.write(f"  API docs: {url}api/docs/   logs: {logs}/\nPress Ctrl-C to stop everything.\n")
             try:
                 while True:
