@@ -152,7 +152,7 @@ def mapping_notes(names: set[str] | list[str], mapping: dict[str, str]) -> list[
         if was.mig_capable == now.mig_capable:
             continue
         what = "MIG-capable, split into slices" if now.mig_capable else "not MIG-capable, rented whole"
-        notes.append(f"{old} is a {was.name} ({'MIG-capable' if was.mig_capable else 'no MIG'}) replayed as "
+        notes.append(f"{old} ({was.name}, {'MIG-capable' if was.mig_capable else 'no MIG'}) is replayed as "
                      f"{now.name} ({what}); --model-map {old}={card.catalog_key} replays the card itself")
     return notes
 

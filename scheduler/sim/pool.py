@@ -93,18 +93,17 @@ class HostLedger:
             raise SimInputError(f"host CPU and memory can only be modelled on a node list that gives them: "
                                 f"{len(missing)} nodes ({', '.join(missing[:3])}...) have no cpu_milli or "
                                 f"memory_mib; replay with --host ignore")
-        self.cpu = {s.id: s.cpu_milli for s in specs}
+        self.capacity = {s.id: (s.cpu_milli, s.memory_mib) for s in specs}
+        self.cpu = {s.id: s.cpu_milli for s in specs}  # free now
         self.memory = {s.id: s.memory_mib for s in specs}
-        self.max_cpu = max(self.cpu.values(), default=0)
-        self.max_memory = max(self.memory.values(), default=0)
         self.order = sorted(self.cpu)
 
     def fits(self, node_id: str, cpu_milli: int, memory_mib: int) -> bool:
         return self.cpu[node_id] >= cpu_milli and self.memory[node_id] >= memory_mib
 
     def ever_fits(self, cpu_milli: int, memory_mib: int) -> bool:
-        """Whether an empty node could hold this much (nodes are checked one by one, not the largest of each)."""
-        return any(self.fits(n, cpu_milli, memory_mib) for n in self.order)
+        """Whether some node, empty, could hold this much (one node holding both, not the largest of each)."""
+        return any(cpu >= cpu_milli and memory >= memory_mib for cpu, memory in self.capacity.values())
 
     def take(self, node_id: str, cpu_milli: int, memory_mib: int) -> None:
         self.cpu[node_id] -= cpu_milli

@@ -80,6 +80,9 @@ def prepare(config: SimConfig) -> Prepared:
         raise SimInputError(f"--host must be one of {', '.join(HOST_CHOICES)}, not {config.host!r}")
     if not 0 <= config.warmup < 1:
         raise SimInputError("--warmup is a quantile in [0, 1)")
+    trace = load_pods(config.trace, missing_runtime=config.missing_runtime, seed=config.seed,
+                      limit=config.limit, donor=config.donor,
+                      cpu_only="replay" if config.host == "model" else "skip")
     notes: list[str] = []
     if config.pool == "openb":
         trace_nodes = load_nodes(config.node_list)
@@ -91,9 +94,6 @@ def prepare(config: SimConfig) -> Prepared:
         raise SimInputError(f"--pool must be 'openb' or 'modern', not {config.pool!r}")
     if config.host == "model":
         pools.HostLedger(specs)  # refuses a pool without host figures now, not in the first replay
-    trace = load_pods(config.trace, missing_runtime=config.missing_runtime, seed=config.seed,
-                      limit=config.limit, donor=config.donor,
-                      cpu_only="replay" if config.host == "model" else "skip")
     jobs = [Job(i, pod, None if pod.cpu_only else demand_for(
                 pod.num_gpu, pod.gpu_milli, pod.gpu_spec, pod.qos, mapping=config.model_map, basis=config.basis,
                 reference_gb=config.reference_gb), pod.arrival / config.load)

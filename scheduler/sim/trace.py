@@ -173,8 +173,8 @@ def load_pods(path: str | Path, *, missing_runtime: str = "skip", seed: int = 0,
     own_runtimes = _usable_runtimes(path) if timed else []
     if donor_path is None:
         donor_path = path if own_runtimes else path.with_name(DEFAULT_DONOR)
-    donor_runtimes = own_runtimes if donor_path == path else _usable_runtimes(donor_path)
     needs_donor = not timed or missing_runtime == "synthesize"
+    donor_runtimes = own_runtimes if donor_path == path or not needs_donor else _usable_runtimes(donor_path)
     if needs_donor and not donor_runtimes:
         raise SimInputError(f"no usable runtimes in {donor_path} to synthesize runtimes from")
     if not timed:
