@@ -101,9 +101,14 @@ class HostLedger:
     def fits(self, node_id: str, cpu_milli: int, memory_mib: int) -> bool:
         return self.cpu[node_id] >= cpu_milli and self.memory[node_id] >= memory_mib
 
+    def could_hold(self, node_id: str, cpu_milli: int, memory_mib: int) -> bool:
+        """Whether the node, empty, holds this much."""
+        cpu, memory = self.capacity[node_id]
+        return cpu >= cpu_milli and memory >= memory_mib
+
     def ever_fits(self, cpu_milli: int, memory_mib: int) -> bool:
         """Whether some node, empty, could hold this much (one node holding both, not the largest of each)."""
-        return any(cpu >= cpu_milli and memory >= memory_mib for cpu, memory in self.capacity.values())
+        return any(self.could_hold(n, cpu_milli, memory_mib) for n in self.order)
 
     def take(self, node_id: str, cpu_milli: int, memory_mib: int) -> None:
         self.cpu[node_id] -= cpu_milli
@@ -113,13 +118,13 @@ class HostLedger:
         self.cpu[node_id] += cpu_milli
         self.memory[node_id] += memory_mib
 
-    def roomiest(self, cpu_milli: int, memory_mib: int) -> str | None:
+    def roomiest(self, cpu_milli: int, memory_mib: int, *, skip: str | None = None) -> str | None:
         """Where a CPU-only pod goes: the node with the most free CPU that holds it (node id on ties). The
         same rule for every policy, so the comparison stays about GPU placement; spreading CPU-only pods
-        is what Kubernetes' default LeastAllocated scoring does."""
+        is what Kubernetes' default LeastAllocated scoring does. `skip`: a node kept for a starving GPU pod."""
         best, best_cpu = None, -1
         for n in self.order:
-            if self.cpu[n] > best_cpu and self.fits(n, cpu_milli, memory_mib):
+            if self.cpu[n] > best_cpu and n != skip and self.fits(n, cpu_milli, memory_mib):
                 best, best_cpu = n, self.cpu[n]
         return best
 

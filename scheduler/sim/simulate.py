@@ -125,6 +125,7 @@ class Replay:
         self.failed: set[tuple] = set()  # shapes that failed at the current version
         self.queued_shapes: Counter = Counter()
         self.cpu_queued = 0  # CPU-only jobs in the queue: not counted in the GPU queue length
+        self.reserved: str | None = None  # the node a starving head waits for, during a pass
 
     # --- pool operations -------------------------------------------------------------------------
 
@@ -247,7 +248,8 @@ class Replay:
             return False
         if job.demand is None:
             assert self.host is not None
-            node_id = self.host.roomiest(job.pod.cpu_milli, job.pod.memory_mib)
+            # Not on the node a starving GPU head is waiting for: CPU-only pods would keep it from draining.
+            node_id = self.host.roomiest(job.pod.cpu_milli, job.pod.memory_mib, skip=self.reserved)
             if node_id is None:
                 self.failed.add(shape)
                 return False
@@ -268,15 +270,17 @@ class Replay:
         return True
 
     def _reserve_for(self, job: Job) -> str | None:
-        """The node a starving head waits for: among nodes that could ever hold it, the one with the most
-        free GPUs it could use now (pool order on ties)."""
+        """The node a starving head waits for: among nodes that could ever hold it (its GPUs, and its host CPU
+        and memory when they are modelled), the one with the most free GPUs it could use now (pool order on
+        ties)."""
         req = request_for(job)
         shape = self._shape(job)
         eligible = self.eligible_nodes.get(shape)
         if eligible is None:
             empty = self.empty_pool
             eligible = [n for n in empty.nodes
-                        if empty.free_gpu_count(empty.nodes[n], req) >= max(1, req.gpu_count)]
+                        if empty.free_gpu_count(empty.nodes[n], req) >= max(1, req.gpu_count)
+                        and (self.host is None or self.host.could_hold(n, job.pod.cpu_milli, job.pod.memory_mib))]
             self.eligible_nodes[shape] = eligible
         best, best_free = None, -1
         for node_id in eligible:
@@ -299,6 +303,7 @@ class Replay:
             # so backfill goes on everywhere else but cannot take what the head is waiting for; nothing
             # new lands there, so the head starts once that node's own jobs end.
             self.pool.set_node(reserved, online=False)
+            self.reserved = reserved
         try:
             for entry in self.queue.in_order():
                 if all(s in self.failed for s in self.queued_shapes):
@@ -307,6 +312,7 @@ class Replay:
         finally:
             if reserved is not None:
                 self.pool.set_node(reserved, online=True)
+                self.reserved = None
 
     # --- the loop --------------------------------------------------------------------------------
 

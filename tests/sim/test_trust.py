@@ -273,3 +273,16 @@ def test_traces_that_differ_only_in_cpu_only_pods_replay_differently_with_host_m
     assert results["few"]["model"] != results["many"]["model"]
     # With a node's 4 cores held by the CPU-only pod, only two 2-core GPU pods run at once.
     assert sorted(results["many"]["model"].values()) == [10, 11, 40, 41]
+
+
+def test_with_host_modelling_cpu_only_pods_keep_off_the_node_a_starving_gpu_pod_waits_for(tmp_path: Path) -> None:
+    # n0 (1 GPU, 8 cores) runs g0 until 100; g1 waits for that GPU from 10 and starves after 5 s (head
+    # protection), so n0 is kept for it. c0 arrives at 20: n0 is the roomiest (7 cores free against n1's 4),
+    # but it goes to n1, or it would take the 6 cores g1 needs when g0 ends.
+    files(tmp_path, [pod("g0", 1, 1000, 0, 100, cpu=1000), pod("g1", 1, 1000, 10, 10, cpu=6000),
+                     pod("c0", 0, 0, 20, 500, cpu=3000)],
+          ["n0,8000,262144,1,G2", "n1,4000,262144,1,G2"])  # g1 cannot use n1: 4 cores
+    cfg = config(tmp_path, host="model")
+    cfg.head_protect_s = 5.0
+    r = run_policy(prepare(cfg), "first-fit", factory("first-fit"))
+    assert r.starts == {0: 0, 1: 100} and r.cpu_waits == [0]
