@@ -41,12 +41,12 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model-map", default=None,
                     help="override trace model -> catalog key: JSON file, JSON object or 'T4=a100-40gb,G2=h100-80gb'")
     ap.add_argument("--load", type=float, default=1.0, help="arrival-rate multiplier (arrival times / LOAD)")
-    ap.add_argument("--limit", type=int, default=None,
+    ap.add_argument("--limit", type=int, default=None, metavar="N",
                     help="replay the trace's rows up to its N-th row that asks for a GPU (CPU-only rows before "
                          "it are counted, not replayed as GPU jobs)")
-    ap.add_argument("--donor", type=Path, default=None,
-                    help="pod list a file without time columns borrows arrivals and runtimes from (default: "
-                         "openb_pod_list_default.csv beside --trace)")
+    ap.add_argument("--donor", type=Path, default=None, metavar="PATH",
+                    help="pod list a file without time columns borrows arrivals and runtimes from; none given: "
+                         "openb_pod_list_default.csv beside --trace")
     ap.add_argument("--host", choices=HOST_CHOICES, default="ignore",
                     help="model: book each pod's host CPU and memory on its node and replay CPU-only pods "
                          "(openb node lists give them); ignore: GPUs only")

@@ -206,6 +206,7 @@ def test_cli_limit_reports_the_gpu_jobs_it_replays(tmp_path: Path) -> None:
     run = cli("--trace", trace, "--nodes", tmp_path / "nodes.csv", "--limit", "3")
     assert run.returncode == 0, run.stderr
     assert "8 rows -> 3 GPU jobs" in run.stdout and "skipped 5: no GPU requested" in run.stdout
+    assert "note: 5 CPU-only pods skipped and host CPU and memory not modelled" in run.stdout
 
 
 # --- host CPU and memory ------------------------------------------------------------------------------------
