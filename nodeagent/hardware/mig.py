@@ -246,7 +246,9 @@ H800_80GB = _eight_slice(10, 20, 20, 40, 40, 80)
 H20_96GB = _eight_slice(12, 24, 24, 48, 48, 96)
 # B200 180GB: NVIDIA MIG user guide (R580), "Supported MIG Profiles", table "GPU Instance Profiles on B200":
 # memory fractions 1/8, 2/8, 4/8, full and SM fractions 1/7 .. 7/7 with instance counts 7, 1 (+me), 4, 3, 2, 1,
-# 1: the same 8-memory-slice / 7-compute-slice lattice, and placements, as A100/H100/H200.
+# 1: the same 8-memory-slice / 7-compute-slice lattice as A100/H100/H200. The guide's tables give no starts for
+# H20 or B200: they are taken to be the A100/H100 placements, which these sizes and counts imply on 8 slices
+# (not read from a real board here; `nvidia-smi mig -lgipp` on one would confirm them).
 B200_180GB = _eight_slice(23, 45, 45, 90, 90, 180)
 A30_24GB = MigGeometry(
     memory_slices=4,

@@ -60,3 +60,29 @@ def test_performance_units_order_models_the_way_their_figures_do():
     h100 = gpus.model_for("h100-80gb")
     one_g = perf.profile_pu(h100, h100.mig.profile("1g.10gb"))
     assert 7 * one_g < pu["h100-80gb"] * 1.01  # seven 1g never add up to more than the whole GPU
+
+
+NEW_KEYS = ["h800-80gb", "h20-96gb", "l20", "b200-180gb", "p100"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0012_adds_the_new_models_to_a_catalog_seeded_before_them():
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    before, after = ("scheduler", "0011_node_drained_by"), ("scheduler", "0012_catalog_h800_h20_l20_b200_p100")
+    executor = MigrationExecutor(connection)
+    executor.migrate([before])
+    try:
+        # A database seeded before these models existed: the catalog without them.
+        GpuModel.objects.filter(key__in=NEW_KEYS).delete()
+        assert not GpuModel.objects.filter(key__in=NEW_KEYS).exists()
+        executor = MigrationExecutor(connection)
+        executor.migrate([after])
+        seeded = {m.key: m for m in GpuModel.objects.filter(key__in=NEW_KEYS).prefetch_related("profiles")}
+        assert sorted(seeded) == sorted(NEW_KEYS)
+        assert seeded["b200-180gb"].geometry() == gpus.model_for("b200-180gb").mig
+        assert seeded["l20"].profiles.count() == 0
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes())
