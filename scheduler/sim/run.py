@@ -14,12 +14,12 @@ from .frag import FragMeter, demand_mix
 from .mapping import DEFAULT_MODEL_MAP, demand_for, mapping_notes
 from .report import series, summarise
 from .simulate import Job, PolicyFactory, RunResult, replay
-from .trace import SKIP_CPU_ONLY, TraceLoad, load_nodes, load_pods
+from .trace import NODE_LIST_NAME, SKIP_CPU_ONLY, TraceLoad, load_nodes, load_pods
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE_DIR = REPO_ROOT.parent / "shared" / "traces" / "openb"
 DEFAULT_TRACE = "openb_pod_list_default.csv"
-NODE_LIST = "openb_node_list_gpu_node.csv"
+NODE_LIST = NODE_LIST_NAME  # the node list beside a pod list
 HOST_CHOICES = ("ignore", "model")
 
 
