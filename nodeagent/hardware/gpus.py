@@ -50,6 +50,18 @@ GPU_MODELS: dict[str, GpuModelSpec] = {
         GpuModelSpec("rtx-4090", "RTX-4090", 24, 1.29, 82.6, 165, 165, 1008, "8.9", 450),
         GpuModelSpec("v100", "V100", 32, 7.8, 15.7, 0, 125, 900, "7.0", 300),
         GpuModelSpec("t4", "T4", 16, 0.25, 8.1, 0, 65, 320, "7.5", 70),
+        # Added for the simulator's modern pool and the openb trace's old cards (docs/simulator.md, "Catalog
+        # figures", says where each figure comes from). H800: NVIDIA H800 SXM5 datasheet (an H100 with FP64
+        # and NVLink cut). H20: NVIDIA H20 datasheet (96 GB HBM3, 4.0 TB/s, 148 TFLOPS dense BF16/FP16).
+        # L20: NVIDIA L20 datasheet (48 GB GDDR6, no MIG; FP64 is Ada's 1/64 of FP32, not printed there).
+        # B200: NVIDIA HGX B200 datasheet divided by its 8 GPUs (180 GB, 8 TB/s, 2.25 PFLOPS dense BF16).
+        # P100: NVIDIA Tesla P100 PCIe 16 GB datasheet; no tensor cores, so its "tensor" figure is the
+        # packed-FP16 rate (18.7), what PU falls back to.
+        GpuModelSpec("h800-80gb", "H800-80GB", 80, 1, 67, 989, 989, 3350, "9.0", 700, mig.H800_80GB),
+        GpuModelSpec("h20-96gb", "H20-96GB", 96, 1, 44, 148, 148, 4000, "9.0", 400, mig.H20_96GB),
+        GpuModelSpec("l20", "L20", 48, 0.93, 59.8, 119.5, 119.5, 864, "8.9", 275),
+        GpuModelSpec("b200-180gb", "B200-180GB", 180, 37, 75, 2250, 2250, 8000, "10.0", 1000, mig.B200_180GB),
+        GpuModelSpec("p100", "P100", 16, 4.7, 9.3, 0, 18.7, 732, "6.0", 250),
     )
 }
 
@@ -58,6 +70,11 @@ NVML_NAME_HINTS: tuple[tuple[str, str], ...] = (
     ("H100 NVL", "h100-nvl-94gb"),
     ("H200", "h200-141gb"),
     ("H100", "h100-80gb"),
+    ("H800", "h800-80gb"),
+    ("H20", "h20-96gb"),  # after H200: "NVIDIA H200" contains "H20"
+    ("B200", "b200-180gb"),
+    ("L20", "l20"),
+    ("P100", "p100"),
     ("A100-SXM4-40GB", "a100-40gb"),
     ("A100-PCIE-40GB", "a100-40gb"),
     ("A100 40GB", "a100-40gb"),

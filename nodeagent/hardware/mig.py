@@ -4,7 +4,7 @@ Pure Python (no Django): used by the scheduler core, the simulator, the simulate
 server when it checks what an agent reports.
 
 Model of the hardware (NVIDIA MIG user guide, "Supported MIG profiles" and "placements"):
-- a GPU has N memory slices (8 on A100/H100/H200, 4 on A30) and C compute slices (7, or 4 on A30);
+- a GPU has N memory slices (8 on A100/H100/H200/H20/B200, 4 on A30) and C compute slices (7, or 4 on A30);
 - a profile takes `memory_slices` consecutive memory slices starting at one of its legal `starts`
   (a 3g on an 8-slice GPU may start at 0 or 4 only) and `compute_slices` compute slices;
 - instances never share a memory slice, the sum of compute slices never passes C, and each profile has a
@@ -213,7 +213,7 @@ NVML_1_SLICE_REV1, NVML_2_SLICE_REV1, NVML_1_SLICE_REV2 = 7, 8, 9
 
 def _eight_slice(mem_1g: float, mem_1g2: float, mem_2g: float, mem_3g: float, mem_4g: float,
                  mem_7g: float) -> MigGeometry:
-    """A100 / H100 / H200 family: 8 memory slices, 7 compute slices."""
+    """A100 / H100 / H200 / H20 / B200 family: 8 memory slices, 7 compute slices."""
     def gb(x: float) -> str:
         return f"{x:g}gb"
 
@@ -238,6 +238,18 @@ A100_80GB = _eight_slice(10, 20, 20, 40, 40, 80)
 H100_80GB = _eight_slice(10, 20, 20, 40, 40, 80)
 H100_NVL_94GB = _eight_slice(12, 24, 24, 47, 47, 94)
 H200_141GB = _eight_slice(18, 35, 35, 71, 71, 141)
+# H800-80GB: the export H100; NVIDIA's mig-parted default config lists "H100-80GB, H800-80GB" under the same
+# profiles (1g.10gb x7 ... 7g.80gb), so it is the H100's geometry exactly.
+H800_80GB = _eight_slice(10, 20, 20, 40, 40, 80)
+# H20 96GB: NVIDIA AI Enterprise vGPU reference, "MIG-Backed NVIDIA vGPU for Compute for NVIDIA H20 SXM5 96GB":
+# 1g.12gb x7, 1g.12gb+me x1, 1g.24gb x4, 2g.24gb x3, 3g.48gb x2, 4g.48gb x1, 7g.96gb x1 (the H100-96GB set).
+H20_96GB = _eight_slice(12, 24, 24, 48, 48, 96)
+# B200 180GB: NVIDIA MIG user guide (R580), "Supported MIG Profiles", table "GPU Instance Profiles on B200":
+# memory fractions 1/8, 2/8, 4/8, full and SM fractions 1/7 .. 7/7 with instance counts 7, 1 (+me), 4, 3, 2, 1,
+# 1: the same 8-memory-slice / 7-compute-slice lattice as A100/H100/H200. The guide's tables give no starts for
+# H20 or B200: they are taken to be the A100/H100 placements, which these sizes and counts imply on 8 slices
+# (not read from a real board here; `nvidia-smi mig -lgipp` on one would confirm them).
+B200_180GB = _eight_slice(23, 45, 45, 90, 90, 180)
 A30_24GB = MigGeometry(
     memory_slices=4,
     compute_slices=4,

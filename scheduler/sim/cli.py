@@ -6,10 +6,14 @@ import sys
 import time
 from pathlib import Path
 
+from scheduler.errors import DomainError
+
 from .mapping import FRACTION_BASES, parse_model_map
 from .policies import POLICY_NAMES, factories
 from .report import plot, reasons_text, table, write_json
-from .run import DEFAULT_TRACE, DEFAULT_TRACE_DIR, SimConfig, payload, prepare, run_all
+from .run import DEFAULT_TRACE, DEFAULT_TRACE_DIR, HOST_CHOICES, SimConfig, payload, prepare, run_all
+
+PROG = "python -m scheduler.sim"
 
 
 def _trace_path(value: str) -> Path:
@@ -24,7 +28,7 @@ def _protect(value: str) -> float | None:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m scheduler.sim", description=__doc__,
+    ap = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--trace", type=_trace_path, default=DEFAULT_TRACE_DIR / DEFAULT_TRACE,
                     help="pod list CSV (a bare openb file name is looked up in the default trace folder)")
@@ -37,7 +41,15 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--model-map", default=None,
                     help="override trace model -> catalog key: JSON file, JSON object or 'T4=a100-40gb,G2=h100-80gb'")
     ap.add_argument("--load", type=float, default=1.0, help="arrival-rate multiplier (arrival times / LOAD)")
-    ap.add_argument("--limit", type=int, default=None, help="replay only the first N rows of the trace")
+    ap.add_argument("--limit", type=int, default=None, metavar="N",
+                    help="replay the trace's rows up to its N-th row that asks for a GPU (CPU-only rows before "
+                         "it are counted, not replayed as GPU jobs)")
+    ap.add_argument("--donor", type=Path, default=None, metavar="PATH",
+                    help="pod list a file without time columns borrows arrivals and runtimes from; none given: "
+                         "openb_pod_list_default.csv beside --trace")
+    ap.add_argument("--host", choices=HOST_CHOICES, default="ignore",
+                    help="model: book each pod's host CPU and memory on its node and replay CPU-only pods "
+                         "(openb node lists give them); ignore: GPUs only")
     ap.add_argument("--missing-runtime", choices=("skip", "synthesize"), default="skip",
                     help="rows of a timed trace without a usable runtime (counted either way)")
     ap.add_argument("--seed", type=int, default=0, help="seed for synthesized times and random-fit")
@@ -61,6 +73,15 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    try:
+        return _run(args)
+    except DomainError as e:
+        # Input the replay cannot use (a missing companion file, an unmapped model name): one line, status 2.
+        print(f"{PROG}: error: {e.message}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace) -> int:
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     unknown = [n for n in names if n not in POLICY_NAMES]
     if unknown:
@@ -70,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
                        model_map=parse_model_map(args.model_map), load=args.load, limit=args.limit,
                        missing_runtime=args.missing_runtime, seed=args.seed, basis=args.fraction_basis,
                        reference_gb=args.reference_gb, head_protect_s=args.head_protect, window=args.window,
-                       warmup=args.warmup)
+                       warmup=args.warmup, host=args.host, donor=args.donor)
     progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     prepared = prepare(config)
@@ -95,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
 def describe(data: dict) -> str:
     """The header of a report: what was replayed on what, and every row that was not replayed as is."""
     tr, pool, cfg = data["trace"], data["pool"], data["config"]
-    lines = [f"trace {Path(tr['path']).name}: {tr['rows']} rows -> {tr['pods']} GPU jobs"]
+    cpu_only = tr.get("cpu_only_pods", 0)
+    lines = [f"trace {Path(tr['path']).name}: {tr['rows']} rows -> {tr['pods'] - cpu_only} GPU jobs"
+             + (f" and {cpu_only} CPU-only jobs (host CPU and memory modelled)" if cpu_only else "")]
     for why, n in tr["skipped"].items():
         lines.append(f"  skipped {n}: {why}")
     for why, n in tr["synthesized"].items():
@@ -103,6 +126,7 @@ def describe(data: dict) -> str:
     lines += [f"  note: {n}" for n in tr["notes"]]
     lines.append(f"pool {cfg['pool']} x{cfg['pool_scale']:g}: {pool['nodes']} nodes, {pool['gpus']} GPUs ("
                  + ", ".join(f"{k} {v['gpus']}" for k, v in pool["by_model"].items()) + ")")
+    lines += [f"  note: {n}" for n in data.get("notes", ())]
     start, end = data["window_s"]
     window = f"{start:,.0f}..{end:,.0f} s" if end is not None else f"{start:,.0f} s until drained"
     protect = "off" if cfg["head_protect_s"] is None else f"{cfg['head_protect_s']:g} s"

@@ -1,19 +1,29 @@
-"""How the openb trace's old GPUs and pod shapes become this market's MIG-capable models and requests.
+"""How the openb trace's GPU names and pod shapes become this market's catalog models and requests.
 
-Model mapping (default; override any entry with a JSON object `{"T4": "a100-40gb", ...}` or `T4=a100-40gb`):
-the rule is "the smallest MIG-capable catalog model with at least the old GPU's memory", so a pod that fit
-the old card fits the new one, and the pool keeps the trace's split between small and large cards.
+Model mapping: every trace name is mapped explicitly (`DEFAULT_MODEL_MAP`), and `TRACE_CARDS` says what card
+each name is. Where the catalog holds the card itself and it is what the market sells as it is, the name maps
+to it (A10 -> `a10`, rented whole: not an A30, which can be split). The old cards the market no longer
+sells become a stand-in, "the smallest MIG-capable catalog model with at least the old card's memory", so a
+pod that fit the old card fits the new one and the pool keeps the trace's split between small and large:
 
-    P100 (16 GB), T4 (16 GB), V100M16 (16 GB), A10 (24 GB)  -> a30-24gb   (4 memory slices, 4 compute)
-    V100M32 (32 GB)                                          -> a100-40gb
-    G2 (8-GPU training nodes, 71% of the trace's GPUs)       -> a100-80gb
-    G1, G3 (undisclosed, 8-GPU nodes, the newest class)      -> h100-80gb
+    P100, T4, V100M16 (16 GB)          -> a30-24gb   (stand-in: 4 memory slices, 4 compute)
+    V100M32 (32 GB)                    -> a100-40gb  (stand-in)
+    A10 (24 GB, no MIG)                -> a10        (the card itself, rented whole)
+    G2 (undisclosed, 8-GPU nodes)      -> a100-80gb
+    G1, G3 (undisclosed, 8-GPU nodes)  -> h100-80gb
+
+`mapping_notes` says, for every mapping in use that changes a card's nature (a whole-GPU card replayed as a
+MIG-capable one, or the reverse), what was done and how to replay the card itself; reports print them.
+Override any entry with a JSON object `{"T4": "t4", ...}`, a JSON file, or `T4=t4,G2=h100-80gb`.
 
 Fractional pods: `gpu_milli` is a share of one GPU. By default ("memory") a share becomes a memory need of
-share x the reference GPU's memory (80 GB: the A100-80GB that G2 maps to), and the engine gives the
-smallest MIG profile with that much memory: memory is the hard limit in MIG (an instance that is too small
-runs out of memory; one with too few compute slices only runs slower). "compute" instead asks for
-ceil(share x 7) compute slices. Multi-GPU pods and 1000-milli pods take whole GPUs.
+share x a reference memory, and the engine gives the smallest MIG profile with that much memory: memory is
+the hard limit in MIG (an instance that is too small runs out of memory; one with too few compute slices
+only runs slower). The reference is the card the share is of: for a pod pinned to trace models
+(`gpu_spec`), the smallest of those cards' memory (a 470-milli T4 pod asked for 47% of 16 GB, 7.5 GB); for
+an unpinned pod, whose card the trace does not say, `reference_gb` (80 GB, the A100-80GB that G2, 71% of the
+GPUs, maps to). "compute" instead asks for ceil(share x 7) compute slices. Multi-GPU pods and 1000-milli
+pods take whole GPUs.
 """
 from __future__ import annotations
 
@@ -25,23 +35,48 @@ from pathlib import Path
 from nodeagent.hardware import gpus as gpu_catalog
 from nodeagent.hardware import mig
 
+from .errors import SimInputError
+
+
+@dataclass(frozen=True)
+class TraceCard:
+    """What a trace GPU name is: its memory (None: undisclosed) and the catalog model that is that very card."""
+
+    memory_gb: float | None
+    catalog_key: str | None  # the card itself in the catalog; None where the catalog has no such card
+
+
+# The openb node list's names (Alibaba's GPU-sharing cluster, FGD paper artifact). V100M16 is a 16 GB V100;
+# the catalog's `v100` is the 32 GB board, so the 16 GB one has no catalog twin.
+TRACE_CARDS: dict[str, TraceCard] = {
+    "P100": TraceCard(16, "p100"),
+    "T4": TraceCard(16, "t4"),
+    "V100M16": TraceCard(16, None),
+    "V100M32": TraceCard(32, "v100"),
+    "A10": TraceCard(24, "a10"),
+    "G1": TraceCard(None, None),
+    "G2": TraceCard(None, None),
+    "G3": TraceCard(None, None),
+}
+
 DEFAULT_MODEL_MAP: dict[str, str] = {
-    "P100": "a30-24gb",
-    "T4": "a30-24gb",
-    "V100M16": "a30-24gb",
-    "A10": "a30-24gb",
-    "V100M32": "a100-40gb",
+    "P100": "a30-24gb",  # stand-in (no MIG on a P100)
+    "T4": "a30-24gb",  # stand-in (no MIG on a T4)
+    "V100M16": "a30-24gb",  # stand-in
+    "V100M32": "a100-40gb",  # stand-in
+    "A10": "a10",  # the card itself: sold whole, never split
     "G1": "h100-80gb",
     "G2": "a100-80gb",
     "G3": "h100-80gb",
 }
 
 # The synthetic modern pool of DESIGN.md section 9 (a 2026 Alibaba spot-GPU trace): (nodes, GPUs each,
-# catalog model). A800 is an export A100-80GB and H800 an export H100 with the same MIG geometry.
+# catalog model). A800 is an export A100-80GB (same figures and MIG geometry, not a catalog model of its own);
+# H800 is in the catalog.
 MODERN_POOL: tuple[tuple[str, int, int, str], ...] = (
     ("A100-80GB", 432, 8, "a100-80gb"),
     ("A800-80GB", 22, 8, "a100-80gb"),
-    ("H800", 219, 8, "h100-80gb"),
+    ("H800", 219, 8, "h800-80gb"),
     ("A10", 2494, 1, "a10"),  # no MIG: rented whole
 )
 
@@ -59,28 +94,40 @@ def priority_for(qos: str) -> int:
     return QOS_PRIORITY.get(qos, DEFAULT_PRIORITY)
 
 
+def _catalog_key(value: object) -> str:
+    key = str(value).strip().lower()
+    if key not in gpu_catalog.GPU_MODELS:
+        raise SimInputError(f"--model-map names {value!r}, which is not a catalog model; known: "
+                            f"{', '.join(gpu_catalog.GPU_MODELS)}", field="model_map")
+    return key
+
+
 def parse_model_map(spec: str | None) -> dict[str, str]:
     """The default mapping updated by `spec`: a JSON file path, a JSON object, or "T4=a30-24gb,G2=h100-80gb"."""
     mapping = dict(DEFAULT_MODEL_MAP)
     if not spec:
         return mapping
     text = spec.strip()
-    if text.startswith("{"):
-        override = json.loads(text)
-    elif Path(text).is_file():
-        override = json.loads(Path(text).read_text())
-    else:
-        override = {}
-        for part in text.split(","):
-            old, sep, new = part.partition("=")
-            if not sep or not old.strip() or not new.strip():
-                raise ValueError(f"model mapping entry {part!r} is not OLD=catalog-key")
-            override[old.strip()] = new.strip()
+    try:
+        if text.startswith(("{", "[")):
+            override = json.loads(text)
+        elif Path(text).is_file():
+            override = json.loads(Path(text).read_text())
+        else:
+            override = {}
+            for part in text.split(","):
+                old, sep, new = part.partition("=")
+                if not sep or not old.strip() or not new.strip():
+                    raise SimInputError(f"--model-map entry {part!r} is not TRACE-NAME=catalog-key",
+                                        field="model_map")
+                override[old.strip()] = new.strip()
+    except json.JSONDecodeError as e:
+        raise SimInputError(f"--model-map is not valid JSON: {e.msg} at line {e.lineno} column {e.colno}",
+                            field="model_map") from None
     if not isinstance(override, dict):
-        raise ValueError("model mapping must be a JSON object of trace model -> catalog key")
+        raise SimInputError("--model-map must be a JSON object of trace model -> catalog key", field="model_map")
     for old, new in override.items():
-        gpu_catalog.model_for(str(new))  # refuse unknown catalog keys now, not mid-replay
-        mapping[str(old)] = str(new).lower()
+        mapping[str(old)] = _catalog_key(new)  # refuse unknown catalog keys now, not mid-replay
     return mapping
 
 
@@ -88,7 +135,26 @@ def map_model(old: str, mapping: dict[str, str]) -> str:
     try:
         return mapping[old]
     except KeyError:
-        raise KeyError(f"trace GPU model {old!r} has no mapping; add it with --model-map {old}=<catalog key>")
+        raise SimInputError(f"the node list names GPU model {old!r}, which has no mapping to a catalog model: "
+                            f"add one with --model-map '{old}=<catalog key>' (known keys: "
+                            f"{', '.join(gpu_catalog.GPU_MODELS)})", field="model_map") from None
+
+
+def mapping_notes(names: set[str] | list[str], mapping: dict[str, str]) -> list[str]:
+    """One line per trace name in use whose mapping changes the card's nature (MIG-capable or rented whole)."""
+    notes = []
+    for old in sorted(set(names)):
+        card, new = TRACE_CARDS.get(old), mapping.get(old)
+        if card is None or card.catalog_key is None or new is None or new == card.catalog_key:
+            continue
+        was = gpu_catalog.model_for(card.catalog_key)
+        now = gpu_catalog.model_for(new)
+        if was.mig_capable == now.mig_capable:
+            continue
+        what = "MIG-capable, split into slices" if now.mig_capable else "not MIG-capable, rented whole"
+        notes.append(f"{old} ({was.name}, {'MIG-capable' if was.mig_capable else 'no MIG'}) is replayed as "
+                     f"{now.name} ({what}); --model-map {old}={card.catalog_key} replays the card itself")
+    return notes
 
 
 def map_spec(spec: tuple[str, ...], mapping: dict[str, str]) -> frozenset[str] | None:
@@ -97,6 +163,13 @@ def map_spec(spec: tuple[str, ...], mapping: dict[str, str]) -> frozenset[str] |
     if not spec:
         return None
     return frozenset(mapping[s] for s in spec if s in mapping)
+
+
+def reference_gb_for(spec: tuple[str, ...], default_gb: float) -> float:
+    """The memory a pinned pod's share is of: the smallest of its pinned cards (where the trace discloses
+    them), so the pod fits every card it may run on as it did in the trace; otherwise `default_gb`."""
+    known = [TRACE_CARDS[s].memory_gb for s in spec if s in TRACE_CARDS and TRACE_CARDS[s].memory_gb]
+    return min(known) if known else default_gb
 
 
 def memory_need_gb(gpu_milli: int, *, reference_gb: float) -> float:
@@ -127,7 +200,7 @@ def profile_for_share(gpu_milli: int, model_key: str, *, basis: str = "memory",
                                          compute_slices=compute_need(gpu_milli,
                                                                      compute_slices=spec.mig.compute_slices))
     else:
-        raise ValueError(f"fraction basis must be one of {FRACTION_BASES}, not {basis!r}")
+        raise SimInputError(f"fraction basis must be one of {FRACTION_BASES}, not {basis!r}")
     return p.name if p else None
 
 
@@ -157,8 +230,8 @@ def demand_for(num_gpu: int, gpu_milli: int, gpu_spec: tuple[str, ...], qos: str
     if whole:
         return Demand(True, num_gpu, 0.0, 0, models, priority_for(qos), share)
     if basis == "memory":
-        return Demand(False, 1, memory_need_gb(gpu_milli, reference_gb=reference_gb), 1, models,
-                      priority_for(qos), share)
+        ref = reference_gb_for(gpu_spec, reference_gb)
+        return Demand(False, 1, memory_need_gb(gpu_milli, reference_gb=ref), 1, models, priority_for(qos), share)
     if basis == "compute":
         return Demand(False, 1, 0.0, compute_need(gpu_milli), models, priority_for(qos), share)
-    raise ValueError(f"fraction basis must be one of {FRACTION_BASES}, not {basis!r}")
+    raise SimInputError(f"fraction basis must be one of {FRACTION_BASES}, not {basis!r}")

@@ -20,6 +20,8 @@ from typing import Any, Callable
 
 from scheduler.core.model import Decision, NodeState, Request
 
+from .errors import SimInputError
+
 POLICY_NAMES = ("whole-gpu", "first-fit", "best-fit", "random-fit", "naive-scan", "ours")
 
 # policy name -> key of scheduler.core.baselines.POLICIES
@@ -71,7 +73,7 @@ def factory(name: str, *, seed: int = 0) -> Callable[[list[NodeState]], tuple[An
     elif name in _BASELINE_NAMES:
         build = _baseline(name, seed)
     else:
-        raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
+        raise SimInputError(f"unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}")
 
     def make(nodes: list[NodeState]) -> tuple[Any, Any]:
         pool = Pool(nodes)

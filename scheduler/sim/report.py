@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from .metrics import downsample
+from .metrics import downsample, percentile
 from .simulate import RunResult
 
 
@@ -34,6 +34,9 @@ def summarise(r: RunResult) -> dict[str, Any]:
         "wait_p99_s": r.wait_percentile(99),
         "wait_max_s": max(r.waits, default=0.0),
         "jobs": r.jobs,
+        "cpu_jobs": r.cpu_jobs,
+        "cpu_started": r.cpu_started,
+        "cpu_wait_p99_s": percentile(r.cpu_waits, 99),
         "started": r.started,
         "completed": r.completed,
         "completed_in_window": r.completed_in_window,

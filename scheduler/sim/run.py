@@ -9,16 +9,18 @@ from typing import Any, Callable
 from scheduler.core.model import NodeState
 
 from . import pool as pools
+from .errors import SimInputError
 from .frag import FragMeter, demand_mix
-from .mapping import DEFAULT_MODEL_MAP, demand_for
+from .mapping import DEFAULT_MODEL_MAP, demand_for, mapping_notes
 from .report import series, summarise
 from .simulate import Job, PolicyFactory, RunResult, replay
-from .trace import TraceLoad, load_nodes, load_pods
+from .trace import NODE_LIST_NAME, SKIP_CPU_ONLY, TraceLoad, load_nodes, load_pods
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE_DIR = REPO_ROOT.parent / "shared" / "traces" / "openb"
 DEFAULT_TRACE = "openb_pod_list_default.csv"
-NODE_LIST = "openb_node_list_gpu_node.csv"
+NODE_LIST = NODE_LIST_NAME  # the node list beside a pod list
+HOST_CHOICES = ("ignore", "model")
 
 
 @dataclass
@@ -37,13 +39,16 @@ class SimConfig:
     head_protect_s: float | None = 3600.0
     window: str = "arrivals"  # "arrivals" (until the last arrival) or "drain" (until the last completion)
     warmup: float = 0.01  # the metric window opens at the arrival of this quantile of the jobs (metrics.py)
+    host: str = "ignore"  # "model": host CPU and memory booked per node, CPU-only pods replayed (pool.py)
+    donor: Path | None = None  # pod list a file without time columns borrows runtimes from (default: beside it)
 
     def to_dict(self) -> dict[str, Any]:
         return {"trace": str(self.trace), "nodes": str(self.node_list), "pool": self.pool,
                 "pool_scale": self.pool_scale, "model_map": self.model_map, "load": self.load,
                 "limit": self.limit, "missing_runtime": self.missing_runtime, "seed": self.seed,
                 "fraction_basis": self.basis, "reference_gb": self.reference_gb,
-                "head_protect_s": self.head_protect_s, "window": self.window, "warmup": self.warmup}
+                "head_protect_s": self.head_protect_s, "window": self.window, "warmup": self.warmup,
+                "host": self.host, "donor": str(self.donor) if self.donor else None}
 
     @property
     def node_list(self) -> Path:
@@ -58,38 +63,61 @@ class Prepared:
     node_specs: list[pools.NodeSpec]
     window: tuple[float, float]
     frag: FragMeter
+    notes: list[str] = field(default_factory=list)  # what the replay changed or left out, for the report
 
     def nodes(self) -> list[NodeState]:
         return pools.node_states(self.node_specs)
 
+    def host_ledger(self) -> pools.HostLedger:
+        return pools.HostLedger(self.node_specs)
+
 
 def prepare(config: SimConfig) -> Prepared:
+    """Load the trace and the pool; every input it cannot replay is a SimInputError saying what to do."""
     if config.load <= 0:
-        raise ValueError("--load must be > 0")
+        raise SimInputError("--load must be > 0")
+    if config.host not in HOST_CHOICES:
+        raise SimInputError(f"--host must be one of {', '.join(HOST_CHOICES)}, not {config.host!r}")
+    if not 0 <= config.warmup < 1:
+        raise SimInputError("--warmup is a quantile in [0, 1)")
     trace = load_pods(config.trace, missing_runtime=config.missing_runtime, seed=config.seed,
-                      limit=config.limit)
-    jobs = [Job(i, pod, demand_for(pod.num_gpu, pod.gpu_milli, pod.gpu_spec, pod.qos, mapping=config.model_map,
-                                   basis=config.basis, reference_gb=config.reference_gb),
-                pod.arrival / config.load)
-            for i, pod in enumerate(trace.pods)]
+                      limit=config.limit, donor=config.donor,
+                      cpu_only="replay" if config.host == "model" else "skip")
+    notes: list[str] = []
     if config.pool == "openb":
-        specs = pools.openb_pool(load_nodes(config.node_list), config.model_map, scale=config.pool_scale)
+        trace_nodes = load_nodes(config.node_list)
+        specs = pools.openb_pool(trace_nodes, config.model_map, scale=config.pool_scale)
+        notes += mapping_notes({n.model for n in trace_nodes}, config.model_map)
     elif config.pool == "modern":
         specs = pools.modern_pool(scale=config.pool_scale)
     else:
-        raise ValueError(f"pool must be 'openb' or 'modern', not {config.pool!r}")
-    if not 0 <= config.warmup < 1:
-        raise ValueError("warmup is a quantile in [0, 1)")
-    arrivals = [j.arrival for j in jobs]  # jobs are in arrival order
+        raise SimInputError(f"--pool must be 'openb' or 'modern', not {config.pool!r}")
+    if config.host == "model":
+        pools.HostLedger(specs)  # refuses a pool without host figures now, not in the first replay
+    jobs = [Job(i, pod, None if pod.cpu_only else demand_for(
+                pod.num_gpu, pod.gpu_milli, pod.gpu_spec, pod.qos, mapping=config.model_map, basis=config.basis,
+                reference_gb=config.reference_gb), pod.arrival / config.load)
+            for i, pod in enumerate(trace.pods)]
+    gpu_jobs = [j for j in jobs if j.demand is not None]
+    if not gpu_jobs:
+        raise SimInputError(
+            f"{Path(config.trace).name}: no GPU jobs to replay in {trace.rows} rows ("
+            + ", ".join(f"{n} {why}" for why, n in trace.skipped.items()) + ")", field="trace")
+    if trace.skipped.get(SKIP_CPU_ONLY):
+        notes.append(f"{trace.skipped[SKIP_CPU_ONLY]} CPU-only pods skipped and host CPU and memory not "
+                     f"modelled: traces that differ only in their CPU-only pods or CPU sizes replay alike; "
+                     f"--host model replays them")
+    arrivals = [j.arrival for j in gpu_jobs]  # jobs are in arrival order
     start = arrivals[int(config.warmup * len(arrivals))] if arrivals else 0.0
     end = (arrivals[-1] if arrivals else 0.0) if config.window == "arrivals" else math.inf
-    frag = FragMeter(demand_mix((j.demand for j in jobs), {s.model for s in specs}))
-    return Prepared(config, trace, jobs, specs, (start, end), frag)
+    frag = FragMeter(demand_mix((j.demand for j in gpu_jobs), {s.model for s in specs}))
+    return Prepared(config, trace, jobs, specs, (start, end), frag, notes)
 
 
 def run_policy(prepared: Prepared, name: str, factory: PolicyFactory) -> RunResult:
+    host = prepared.host_ledger if prepared.config.host == "model" else None
     return replay(name, factory, prepared.nodes, prepared.jobs, window=prepared.window,
-                  head_protect_s=prepared.config.head_protect_s, frag=prepared.frag)
+                  head_protect_s=prepared.config.head_protect_s, frag=prepared.frag, host_factory=host)
 
 
 def run_all(prepared: Prepared, factories: dict[str, PolicyFactory],
@@ -108,6 +136,7 @@ def payload(prepared: Prepared, results: list[RunResult]) -> dict[str, Any]:
         "config": prepared.config.to_dict(),
         "trace": prepared.trace.to_dict(),
         "pool": pools.pool_summary(prepared.node_specs),
+        "notes": prepared.notes,
         "window_s": [prepared.window[0], prepared.window[1] if math.isfinite(prepared.window[1]) else None],
         "policies": [dict(summarise(r), series=series(r)) for r in results],
     }

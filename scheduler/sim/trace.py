@@ -7,6 +7,9 @@ because a replay that quietly loses 11% of its demand (the trace's Pending pods)
 Runtime = deletion_time - scheduled_time (the time the pod actually held its GPU), arrival = creation_time.
 Files without time columns (`openb_pod_list_multigpu20.csv`) get Poisson arrivals at the donor trace's mean
 rate and runtimes drawn from the donor's empirical runtimes, seeded, so two runs give the same replay.
+
+A file that is missing or is not what it should be is a `SimInputError` saying which file and what to do,
+never a raw FileNotFoundError or KeyError.
 """
 from __future__ import annotations
 
@@ -15,10 +18,16 @@ import random
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterator
+
+from .errors import SimInputError
 
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")
 TIME_COLUMNS = ("creation_time", "deletion_time", "scheduled_time")
+NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 DEFAULT_DONOR = "openb_pod_list_default.csv"
+NODE_LIST_NAME = "openb_node_list_gpu_node.csv"
+CPU_ONLY_CHOICES = ("skip", "replay")
 
 # Reasons, as they appear in reports.
 SKIP_MALFORMED = "malformed row"
@@ -42,6 +51,12 @@ class Pod:
     arrival: float  # seconds from the trace's start
     runtime: float  # seconds the pod holds its GPU once started
     synthetic_runtime: bool = False
+    cpu_milli: int = 0  # host CPU the pod asks for (thousandths of a core); replayed only with host modelling
+    memory_mib: int = 0  # host memory
+
+    @property
+    def cpu_only(self) -> bool:
+        return self.num_gpu == 0
 
     @property
     def gpu_share(self) -> float:
@@ -60,71 +75,108 @@ class TraceLoad:
 
     def to_dict(self) -> dict:
         return {"path": self.path, "rows": self.rows, "pods": len(self.pods),
+                "cpu_only_pods": sum(1 for p in self.pods if p.cpu_only),
                 "skipped": dict(self.skipped), "synthesized": dict(self.synthesized), "notes": self.notes}
+
+
+def _rows(path: Path, what: str, hint: str = "") -> Iterator[dict]:
+    """The rows of a CSV file, or a SimInputError naming the file, what it was wanted for and what to do."""
+    try:
+        f = path.open(newline="")
+    except FileNotFoundError:
+        raise SimInputError(f"{what} {path} not found{hint}", field=what) from None
+    except OSError as e:
+        raise SimInputError(f"{what} {path} cannot be read: {e.strerror}", field=what) from None
+    with f:
+        yield from csv.DictReader(f)
+
+
+def _donor_rows(path: Path) -> Iterator[dict]:
+    return _rows(path, "donor pod list",
+                 f" (a pod list without time columns borrows arrivals and runtimes from it): put "
+                 f"{DEFAULT_DONOR} beside the trace or pass --donor PATH")
 
 
 def _usable_runtimes(path: Path) -> list[float]:
     """Runtimes (deletion - scheduled) of the GPU pods that replay as they are in the trace."""
     out: list[float] = []
-    with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            try:
-                if int(row["num_gpu"]) <= 0 or not 0 < int(row["gpu_milli"]) <= 1000:
-                    continue
-                float(row["creation_time"])  # the donor pool is the runtimes of rows that replay as is
-                runtime = float(row["deletion_time"]) - float(row["scheduled_time"])
-            except (KeyError, TypeError, ValueError):
+    for row in _donor_rows(path):
+        try:
+            if int(row["num_gpu"]) <= 0 or not 0 < int(row["gpu_milli"]) <= 1000:
                 continue
-            if runtime > 0:
-                out.append(runtime)
+            float(row["creation_time"])  # the donor pool is the runtimes of rows that replay as is
+            runtime = float(row["deletion_time"]) - float(row["scheduled_time"])
+        except (KeyError, TypeError, ValueError):
+            continue
+        if runtime > 0:
+            out.append(runtime)
     return out
 
 
 def _time_span(path: Path) -> tuple[int, float]:
     """(GPU pods, last creation_time) of a timed trace: its mean arrival rate for synthetic arrivals."""
     count, last = 0, 0.0
-    with path.open(newline="") as f:
-        for row in csv.DictReader(f):
-            try:
-                if int(row["num_gpu"]) > 0:
-                    count += 1
-                    last = max(last, float(row["creation_time"]))
-            except (KeyError, TypeError, ValueError):
-                continue
+    for row in _donor_rows(path):
+        try:
+            if int(row["num_gpu"]) > 0:
+                count += 1
+                last = max(last, float(row["creation_time"]))
+        except (KeyError, TypeError, ValueError):
+            continue
     return count, last
 
 
+def _asks_gpu(row: dict) -> bool:
+    try:
+        return int(row["num_gpu"]) > 0
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def load_pods(path: str | Path, *, missing_runtime: str = "skip", seed: int = 0,
-              donor: str | Path | None = None, limit: int | None = None) -> TraceLoad:
+              donor: str | Path | None = None, limit: int | None = None, cpu_only: str = "skip") -> TraceLoad:
     """Read a pod list; `missing_runtime` is "skip" or "synthesize" for timed rows lacking a runtime.
 
-    `limit` keeps the first N data rows (a prefix of the file, before any skipping).
+    `limit` keeps the file's rows up to and including its N-th row that asks for a GPU (a prefix of the file:
+    a trace that opens with CPU-only rows still yields N GPU jobs, not zero). `cpu_only` "replay" keeps
+    CPU-only pods as jobs (for a replay that models host CPU and memory); "skip" counts them as skipped.
     """
     if missing_runtime not in ("skip", "synthesize"):
-        raise ValueError(f"missing_runtime must be 'skip' or 'synthesize', not {missing_runtime!r}")
+        raise SimInputError(f"missing_runtime must be 'skip' or 'synthesize', not {missing_runtime!r}")
+    if cpu_only not in CPU_ONLY_CHOICES:
+        raise SimInputError(f"cpu_only must be one of {CPU_ONLY_CHOICES}, not {cpu_only!r}")
+    if limit is not None and limit <= 0:
+        raise SimInputError(f"--limit must be a positive number of GPU rows, not {limit}")
     path = Path(path)
     load = TraceLoad(path=str(path))
     rng = random.Random(seed)
-    with path.open(newline="") as f:
-        reader = csv.DictReader(f)
-        header = tuple(reader.fieldnames or ())
-        missing = [c for c in POD_COLUMNS if c not in header]
-        if missing:
-            raise ValueError(f"{path.name}: not an openb pod list, missing columns {', '.join(missing)}")
-        timed = all(c in header for c in TIME_COLUMNS)
-        rows = list(reader)
-    if limit is not None:
-        rows = rows[:limit]
+    reader = _rows(path, "pod list")
+    rows: list[dict] = []
+    gpu_rows = 0
+    for row in reader:
+        if not rows:
+            header = tuple(row)
+            missing = [c for c in POD_COLUMNS if c not in header]
+            if missing:
+                raise SimInputError(f"{path.name}: not an openb pod list, missing columns {', '.join(missing)}")
+            timed = all(c in header for c in TIME_COLUMNS)
+        rows.append(row)
+        gpu_rows += _asks_gpu(row)
+        if limit is not None and gpu_rows >= limit:
+            reader.close()
+            break
+    if not rows:
+        raise SimInputError(f"{path.name}: no pod rows (an openb pod list has the header {','.join(POD_COLUMNS)},...)")
     load.rows = len(rows)
 
     donor_path = Path(donor) if donor else None
     own_runtimes = _usable_runtimes(path) if timed else []
     if donor_path is None:
         donor_path = path if own_runtimes else path.with_name(DEFAULT_DONOR)
-    donor_runtimes = own_runtimes if donor_path == path else _usable_runtimes(donor_path)
     needs_donor = not timed or missing_runtime == "synthesize"
+    donor_runtimes = own_runtimes if donor_path == path or not needs_donor else _usable_runtimes(donor_path)
     if needs_donor and not donor_runtimes:
-        raise ValueError(f"no usable runtimes in {donor_path} to synthesize runtimes from")
+        raise SimInputError(f"no usable runtimes in {donor_path} to synthesize runtimes from")
     if not timed:
         count, span = _time_span(donor_path)
         mean_gap = span / max(count - 1, 1)
@@ -142,13 +194,17 @@ def load_pods(path: str | Path, *, missing_runtime: str = "skip", seed: int = 0,
             name = row["name"]
             num_gpu = int(row["num_gpu"])
             gpu_milli = int(row["gpu_milli"])
+            cpu_milli = int(row["cpu_milli"] or 0)
+            memory_mib = int(row["memory_mib"] or 0)
         except (KeyError, TypeError, ValueError):
             load.skipped[SKIP_MALFORMED] += 1
             continue
         if num_gpu <= 0:
-            load.skipped[SKIP_CPU_ONLY] += 1
-            continue
-        if not 0 < gpu_milli <= 1000:
+            if cpu_only == "skip":
+                load.skipped[SKIP_CPU_ONLY] += 1
+                continue
+            num_gpu, gpu_milli = 0, 0
+        elif not 0 < gpu_milli <= 1000:
             load.skipped[SKIP_BAD_MILLI] += 1
             continue
         if num_gpu > 1:
@@ -179,7 +235,8 @@ def load_pods(path: str | Path, *, missing_runtime: str = "skip", seed: int = 0,
                 runtime = rng.choice(donor_runtimes)
                 load.synthesized[problem[1]] += 1
                 synthetic = True
-        load.pods.append(Pod(name, num_gpu, gpu_milli, spec, qos, arrival, runtime, synthetic))
+        load.pods.append(Pod(name, num_gpu, gpu_milli, spec, qos, arrival, runtime, synthetic,
+                             max(cpu_milli, 0), max(memory_mib, 0)))
     # Arrival order is the replay order; a stable sort keeps the file's order for equal arrivals.
     load.pods.sort(key=lambda p: p.arrival)
     return load
@@ -190,14 +247,26 @@ class TraceNode:
     name: str
     gpus: int
     model: str  # the trace's model name: "G2", "T4"
+    cpu_milli: int = 0  # host CPU (thousandths of a core); 0 = not given
+    memory_mib: int = 0
 
 
 def load_nodes(path: str | Path) -> list[TraceNode]:
     """The node list (`sn,cpu_milli,memory_mib,gpu,model`); nodes without GPUs are left out (none in openb)."""
+    path = Path(path)
     nodes: list[TraceNode] = []
-    with Path(path).open(newline="") as f:
-        for row in csv.DictReader(f):
+    rows = _rows(path, "node list", f" (a pod list's nodes are read from {NODE_LIST_NAME} beside it): pass "
+                                    f"--nodes PATH, or --pool modern to replay on the modern pool instead")
+    for i, row in enumerate(rows, start=2):
+        if i == 2:
+            missing = [c for c in NODE_COLUMNS if c not in row]
+            if missing:
+                raise SimInputError(f"{path.name}: not an openb node list, missing columns {', '.join(missing)}")
+        try:
             gpus = int(row["gpu"])
-            if gpus > 0:
-                nodes.append(TraceNode(row["sn"], gpus, row["model"].strip()))
+            cpu_milli, memory_mib = int(row["cpu_milli"] or 0), int(row["memory_mib"] or 0)
+        except (TypeError, ValueError):
+            raise SimInputError(f"{path.name} line {i}: gpu, cpu_milli and memory_mib must be whole numbers") from None
+        if gpus > 0:
+            nodes.append(TraceNode(row["sn"], gpus, (row["model"] or "").strip(), cpu_milli, memory_mib))
     return nodes

@@ -10,13 +10,20 @@ from scheduler.sim import mapping as m
 
 
 @pytest.mark.parametrize("old, new", [
-    ("P100", "a30-24gb"), ("T4", "a30-24gb"), ("V100M16", "a30-24gb"), ("A10", "a30-24gb"),
+    ("P100", "a30-24gb"), ("T4", "a30-24gb"), ("V100M16", "a30-24gb"),
     ("V100M32", "a100-40gb"), ("G1", "h100-80gb"), ("G2", "a100-80gb"), ("G3", "h100-80gb"),
 ])
 def test_default_mapping_puts_each_old_model_on_a_mig_model_with_at_least_its_memory(old: str, new: str) -> None:
     assert m.map_model(old, m.DEFAULT_MODEL_MAP) == new
     from nodeagent.hardware.gpus import model_for
     assert model_for(new).mig is not None
+    card = m.TRACE_CARDS[old]
+    assert card.memory_gb is None or model_for(new).memory_gb >= card.memory_gb
+
+
+def test_a10_maps_to_the_catalogs_a10_rented_whole_not_to_a_splittable_a30() -> None:
+    from nodeagent.hardware.gpus import model_for
+    assert m.map_model("A10", m.DEFAULT_MODEL_MAP) == "a10" and model_for("a10").mig is None
 
 
 @pytest.mark.parametrize("spec", [
@@ -35,14 +42,19 @@ def test_mapping_override_from_a_json_file(tmp_path: Path) -> None:
     assert mapping["V100M32"] == "a100-80gb" and mapping["X9"] == "l4"
 
 
-@pytest.mark.parametrize("spec, error", [("T4=b200", KeyError), ("T4", ValueError), ("[1]", ValueError)])
-def test_bad_mapping_overrides_are_refused(spec: str, error: type) -> None:
-    with pytest.raises(error):
+@pytest.mark.parametrize("spec, message", [
+    ("T4=b300", "'b300', which is not a catalog model"), ("T4", "not TRACE-NAME=catalog-key"),
+    ("[1]", "must be a JSON object"), ("{bad", "not valid JSON"),
+])
+def test_bad_mapping_overrides_are_refused(spec: str, message: str) -> None:
+    from scheduler.sim.errors import SimInputError
+    with pytest.raises(SimInputError, match=message):
         m.parse_model_map(spec)
 
 
 def test_an_unmapped_trace_model_says_how_to_map_it() -> None:
-    with pytest.raises(KeyError, match="--model-map"):
+    from scheduler.sim.errors import SimInputError
+    with pytest.raises(SimInputError, match="--model-map 'K80=<catalog key>'"):
         m.map_model("K80", m.DEFAULT_MODEL_MAP)
 
 
@@ -86,9 +98,15 @@ def test_qos_classes_order_guaranteed_ls_burstable_be(qos: str, priority: int) -
 
 
 def test_a_fractional_pod_asks_for_memory_against_the_reference() -> None:
-    d = m.demand_for(1, 470, ("T4", "G2"), "BE", mapping=m.DEFAULT_MODEL_MAP)
+    d = m.demand_for(1, 470, ("G2",), "BE", mapping=m.DEFAULT_MODEL_MAP)  # G2's memory is undisclosed
     assert (d.whole_gpu, d.gpu_count, d.memory_gb, d.compute_slices) == (False, 1, 37.6, 1)
-    assert d.models == frozenset({"a30-24gb", "a100-80gb"}) and d.priority == 0 and d.share == 0.47
+    assert d.models == frozenset({"a100-80gb"}) and d.priority == 0 and d.share == 0.47
+
+
+def test_a_pod_pinned_to_old_cards_asks_for_its_share_of_the_smallest_of_them() -> None:
+    d = m.demand_for(1, 470, ("T4", "G2"), "BE", mapping=m.DEFAULT_MODEL_MAP)
+    assert d.memory_gb == 7.52  # 47% of a 16 GB T4, which fits every card it may run on
+    assert d.models == frozenset({"a30-24gb", "a100-80gb"})
 
 
 def test_a_multi_gpu_pod_asks_for_whole_gpus_on_one_node() -> None:

@@ -32,7 +32,7 @@ def test_modern_pool_follows_design_section_9() -> None:
     s = pool_summary(modern_pool())
     assert s["by_model"] == {
         "A100-80GB -> a100-80gb": {"nodes": 432, "gpus": 3456}, "A800-80GB -> a100-80gb": {"nodes": 22, "gpus": 176},
-        "H800 -> h100-80gb": {"nodes": 219, "gpus": 1752}, "A10 -> a10": {"nodes": 2494, "gpus": 2494},
+        "H800 -> h800-80gb": {"nodes": 219, "gpus": 1752}, "A10 -> a10": {"nodes": 2494, "gpus": 2494},
     }
 
 

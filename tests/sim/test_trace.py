@@ -78,11 +78,11 @@ def test_untimed_file_gets_seeded_poisson_arrivals_and_donor_runtimes(tmp_path: 
     assert tr.load_pods(untimed, donor=timed, seed=8).pods[0].arrival != arrivals[0]
 
 
-def test_limit_keeps_a_prefix_of_the_rows(timed: Path) -> None:
-    load = tr.load_pods(timed, limit=3)
-    assert load.rows == 3
+def test_limit_keeps_a_prefix_of_the_rows_up_to_the_nth_gpu_row(timed: Path) -> None:
+    load = tr.load_pods(timed, limit=3)  # p0, p1 and p4 ask for GPUs; p2 (CPU-only) and p3 (malformed) do not
+    assert load.rows == 5
     assert [p.name for p in load.pods] == ["p0", "p1"]
-    assert load.skipped == {tr.SKIP_CPU_ONLY: 1}
+    assert load.skipped == {tr.SKIP_CPU_ONLY: 1, tr.SKIP_MALFORMED: 1, tr.SKIP_BAD_MILLI: 1}
 
 
 def test_a_file_that_is_not_a_pod_list_is_refused(tmp_path: Path) -> None:
@@ -92,7 +92,7 @@ def test_a_file_that_is_not_a_pod_list_is_refused(tmp_path: Path) -> None:
 
 def test_node_list_parses(tmp_path: Path) -> None:
     p = write(tmp_path, "nodes.csv", "sn,cpu_milli,memory_mib,gpu,model\nn0,1,1,2,T4\nn1,1,1,0,\nn2,1,1,8,G2\n")
-    assert tr.load_nodes(p) == [tr.TraceNode("n0", 2, "T4"), tr.TraceNode("n2", 8, "G2")]
+    assert tr.load_nodes(p) == [tr.TraceNode("n0", 2, "T4", 1, 1), tr.TraceNode("n2", 8, "G2", 1, 1)]
 
 
 def test_the_real_default_trace_accounts_for_every_row() -> None:
