@@ -9,11 +9,14 @@ from typing import Any, Callable
 from scheduler.core.model import NodeState
 
 from . import pool as pools
+from .bound import allocation_bound
 from .frag import FragMeter, demand_mix
 from .mapping import DEFAULT_MODEL_MAP, demand_for
 from .report import series, summarise
-from .simulate import Job, PolicyFactory, RunResult, replay
+from .policies import factory as policy_factory
+from .simulate import Job, PolicyFactory, RunResult, replay, request_for
 from .trace import TraceLoad, load_nodes, load_pods
+from .variants import VARIANT_MODEL_MAP, NodeVariant, PodVariant, measured_shares, resample_pods, variant_nodes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE_DIR = REPO_ROOT.parent / "shared" / "traces" / "openb"
@@ -37,13 +40,25 @@ class SimConfig:
     head_protect_s: float | None = 3600.0
     window: str = "arrivals"  # "arrivals" (until the last arrival) or "drain" (until the last completion)
     warmup: float = 0.01  # the metric window opens at the arrival of this quantile of the jobs (metrics.py)
+    variant: PodVariant | None = None  # resample the pods' shapes (variants.py)
+    nodes_variant: NodeVariant | None = None  # a generated pool instead of `pool` (variants.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {"trace": str(self.trace), "nodes": str(self.node_list), "pool": self.pool,
                 "pool_scale": self.pool_scale, "model_map": self.model_map, "load": self.load,
                 "limit": self.limit, "missing_runtime": self.missing_runtime, "seed": self.seed,
                 "fraction_basis": self.basis, "reference_gb": self.reference_gb,
-                "head_protect_s": self.head_protect_s, "window": self.window, "warmup": self.warmup}
+                "head_protect_s": self.head_protect_s, "window": self.window, "warmup": self.warmup,
+                "variant": self.variant.label if self.variant else None,
+                "nodes_variant": self.nodes_variant.label if self.nodes_variant else None}
+
+    def effective_model_map(self) -> dict[str, str]:
+        """The model map demands go through: on a node-list variant, VARIANT_MODEL_MAP under the entries that
+        were overridden (those that differ from the default map)."""
+        if self.nodes_variant is None:
+            return self.model_map
+        overridden = {k: v for k, v in self.model_map.items() if DEFAULT_MODEL_MAP.get(k) != v}
+        return {**VARIANT_MODEL_MAP, **overridden}
 
     @property
     def node_list(self) -> Path:
@@ -68,11 +83,19 @@ def prepare(config: SimConfig) -> Prepared:
         raise ValueError("--load must be > 0")
     trace = load_pods(config.trace, missing_runtime=config.missing_runtime, seed=config.seed,
                       limit=config.limit)
-    jobs = [Job(i, pod, demand_for(pod.num_gpu, pod.gpu_milli, pod.gpu_spec, pod.qos, mapping=config.model_map,
+    if config.variant is not None:
+        trace.pods = resample_pods(trace.pods, config.variant)
+        got = measured_shares(trace.pods)
+        trace.notes.append(f"variant {config.variant.label}: pod shapes redrawn (timing kept); GPU pods now "
+                           + ", ".join(f"{k} {v:.1%}" for k, v in got.items()))
+    mapping = config.effective_model_map()
+    jobs = [Job(i, pod, demand_for(pod.num_gpu, pod.gpu_milli, pod.gpu_spec, pod.qos, mapping=mapping,
                                    basis=config.basis, reference_gb=config.reference_gb),
                 pod.arrival / config.load)
             for i, pod in enumerate(trace.pods)]
-    if config.pool == "openb":
+    if config.nodes_variant is not None:
+        specs = variant_nodes(config.nodes_variant)
+    elif config.pool == "openb":
         specs = pools.openb_pool(load_nodes(config.node_list), config.model_map, scale=config.pool_scale)
     elif config.pool == "modern":
         specs = pools.modern_pool(scale=config.pool_scale)
@@ -102,12 +125,34 @@ def run_all(prepared: Prepared, factories: dict[str, PolicyFactory],
     return results
 
 
+def capacity_bound(prepared: Prepared, results: list[RunResult] = ()) -> float:
+    """bound.allocation_bound for this run: the most allocation any policy could average over its window.
+
+    Jobs whose shape fits no GPU of the empty pool are left out; with `--window drain` the window ends
+    where the longest of `results` ended."""
+    _, probe = policy_factory("best-fit")(prepared.nodes())
+    fits: dict[tuple, bool] = {}
+
+    def fits_empty(job: Job) -> bool:
+        key = job.demand.key
+        if key not in fits:
+            fits[key] = probe.decide(request_for(job), explain=False).ok
+        return fits[key]
+    start, end = prepared.window
+    if not math.isfinite(end):
+        end = start + max((r.averages.span for r in results if r.averages), default=0.0)
+    capacity = sum(s.gpus for s in prepared.node_specs)
+    return allocation_bound(prepared.jobs, capacity, (start, end), fits=fits_empty)
+
+
 def payload(prepared: Prepared, results: list[RunResult]) -> dict[str, Any]:
     """Everything a report needs, as JSON-ready data."""
+    bound = round(capacity_bound(prepared, results), 6)
     return {
+        "allocation_bound": bound,
         "config": prepared.config.to_dict(),
         "trace": prepared.trace.to_dict(),
         "pool": pools.pool_summary(prepared.node_specs),
         "window_s": [prepared.window[0], prepared.window[1] if math.isfinite(prepared.window[1]) else None],
-        "policies": [dict(summarise(r), series=series(r)) for r in results],
+        "policies": [dict(summarise(r), allocation_bound=bound, series=series(r)) for r in results],
     }
