@@ -78,7 +78,7 @@ def packing_factor(*, load: float) -> float:
     return _ramp(load, 0.50, 1.00, 1.0, 2.0)
 
 
-MIX_GAIN = 2.0
+MIX_GAIN = 1.0  # tuned on TUNE_ON (python -m scheduler.sim.generalise --tune --limit 4000): 1 of 1, 2, 4
 
 
 def mix_factor(*, slices: float, multi: float, gain: float = MIX_GAIN) -> float:

@@ -33,7 +33,7 @@ from .simulate import PolicyFactory
 from .variants import NodeVariant, PodVariant
 
 LOADS = (4.0, 8.0)
-FIXED_PACKING = 2.0  # tuned on TUNE_ON (see --tune): the best single packing factor there
+FIXED_PACKING = 2.0  # tuned on TUNE_ON (--tune --limit 4000): the best of 1, 2, 3 there
 FIXED_CANDIDATES = (1.0, 2.0, 3.0)
 GAIN_CANDIDATES = (1.0, 2.0, 4.0)
 ALLOC_TOLERANCE = 0.001  # allocation within 0.1 point of best-fit's counts as "as good"
