@@ -2,6 +2,12 @@
 
     .venv/bin/python bench/placement_quality.py            # default + gpushare40, loads x4 and x8
     .venv/bin/python bench/placement_quality.py --quick    # a prefix of each trace, same loads
+    .venv/bin/python bench/placement_quality.py --section variants [--quick]   # only the §2 report
+
+The variants report (issue 12 §2, scheduler/sim/generalise.py) replays trace and pool variants that were
+not used to tune ours (the list it was tuned on is printed too) and puts best-fit, ours with one fixed
+weighting and ours with weights that follow the learnt demand mix side by side, each beside the capacity
+bound (the most allocation any policy could reach on those arrivals, scheduler/sim/bound.py).
 
 Claims checked (from the articles this project answers), each printed as measured, with the margin:
 - allocation, ours / whole-GPU renting >= 2x
@@ -21,9 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from scheduler.sim import generalise  # noqa: E402
 from scheduler.sim.policies import factory  # noqa: E402
 from scheduler.sim.report import human_seconds, summarise  # noqa: E402
-from scheduler.sim.run import DEFAULT_TRACE_DIR, SimConfig, prepare, run_policy  # noqa: E402
+from scheduler.sim.run import DEFAULT_TRACE_DIR, SimConfig, capacity_bound, prepare, run_policy  # noqa: E402
 
 TRACES = ("openb_pod_list_default.csv", "openb_pod_list_gpushare40.csv")
 LOADS = (4.0, 8.0)
@@ -84,8 +91,38 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help=f"replay the first {QUICK_LIMIT} rows of each trace")
     ap.add_argument("--json", type=Path, default=None, help="write every figure as JSON here")
     ap.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACE_DIR)
+    ap.add_argument("--section", choices=("claims", "variants", "all"), default="all",
+                    help="claims: the articles' claims on default and gpushare40; variants: the §2 report")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
+    results: list = []
+    if args.section in ("claims", "all"):
+        results += claims(args)
+    if args.section in ("variants", "all"):
+        results += variants_report(args)
+    print(f"\n{time.perf_counter() - t0:.1f}s wall clock" + (" (--quick)" if args.quick else ""))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def variants_report(args) -> list[dict]:
+    """Issue 12 §2: tuned on / reported on, best-fit vs ours fixed and adaptive, with the capacity bound."""
+    limit = QUICK_LIMIT if args.quick else None
+    print("\n§2 report on variants (scheduler/sim/generalise.py)"
+          + (f", first {limit} rows of each trace" if limit else ""))
+    print("\n".join(generalise.cases_text("tuned on (not reported here):", generalise.TUNE_ON)))
+    print("\n".join(generalise.cases_text("reported on (never tuned on):", generalise.REPORT_ON)))
+    runs = [generalise.run_case(c, load, generalise.fixed_and_adaptive(), limit=limit, trace_dir=args.trace_dir)
+            for c in generalise.REPORT_ON for load in generalise.LOADS]
+    print("\n".join(generalise.report_lines(runs)))
+    print("\n".join(generalise.summary_lines(runs)))
+    return [{"section": "variants", **{k: v for k, v in r.items() if k != "policies"},
+             "policies": {n: {kk: vv for kk, vv in p.items() if kk != "placed_as"} for n, p in r["policies"].items()}}
+            for r in runs]
+
+
+def claims(args) -> list[dict]:
     results = []
     for trace in TRACES:
         for load in LOADS:
@@ -94,7 +131,9 @@ def main(argv: list[str] | None = None) -> int:
             prepared = prepare(cfg)
             s = {name: summarise(run_policy(prepared, name, factory(name))) for name in POLICIES}
             gpus = sum(n.gpus for n in prepared.node_specs)
-            print(f"\n{trace} x{load:g} on {gpus} GPUs ({len(prepared.jobs)} jobs)")
+            bound = capacity_bound(prepared)
+            print(f"\n{trace} x{load:g} on {gpus} GPUs ({len(prepared.jobs)} jobs); no policy can average more "
+                  f"than {bound:.1%} allocation here (capacity bound)")
             for name in POLICIES:
                 x = s[name]
                 print(f"  {name:10s} alloc {x['allocation']:6.1%}  held {x['held']:6.1%}  frag "
@@ -104,13 +143,11 @@ def main(argv: list[str] | None = None) -> int:
             for line in verdicts(s, prepared):
                 print(line)
             results.append({"trace": trace, "load": load, "gpus": gpus, "jobs": len(prepared.jobs),
+                            "allocation_bound": round(bound, 6),
                             "whole_gpu_share_of_demand": round(whole_share(prepared), 4),
                             "policies": {k: {kk: vv for kk, vv in v.items() if kk != "placed_as"}
                                          for k, v in s.items()}})
-    print(f"\n{time.perf_counter() - t0:.1f}s wall clock" + (" (--quick)" if args.quick else ""))
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=2) + "\n")
-    return 0
+    return results
 
 
 if __name__ == "__main__":

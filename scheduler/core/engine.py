@@ -48,7 +48,8 @@ class Scheduler(FastSearch, ExhaustiveSearch, ReasonCounting, FilterChecks):
     def __init__(self, pool: Pool, *, weights: Weights | None = None,
                  mode: Literal["fast", "exhaustive"] = "fast",
                  filters: Sequence[Filter] = DEFAULT_FILTERS, scorers: Sequence[Scorer] = DEFAULT_SCORERS,
-                 adapt_weights: bool = True, max_candidates: int = 24, packing_candidates: int = 12) -> None:
+                 adapt_weights: bool = True, max_candidates: int = 24, packing_candidates: int = 12,
+                 mix_gain: float | None = None) -> None:
         if mode not in ("fast", "exhaustive"):
             raise ValueError(f"mode is 'fast' or 'exhaustive', not {mode!r}")
         self.pool = pool
@@ -57,6 +58,8 @@ class Scheduler(FastSearch, ExhaustiveSearch, ReasonCounting, FilterChecks):
         self.filters = tuple(filters)
         self.scorers = tuple(scorers)
         self.adapt_weights = adapt_weights
+        # None: weights follow load only; a gain: also the learnt demand mix (weights.weights_for)
+        self.mix_gain = mix_gain
         self.max_candidates = max_candidates
         self.packing_candidates = packing_candidates
         self._rank_cache: dict[tuple[str, str], tuple[tuple[int, int], list]] = {}
@@ -71,7 +74,7 @@ class Scheduler(FastSearch, ExhaustiveSearch, ReasonCounting, FilterChecks):
         self._lats_memo: dict[tuple, dict[str, float]] = {}
         self._kinds_memo: dict[tuple, tuple] = {}  # model-scope request fields -> (alive kinds, refused counts)
         self._lists_memo: dict[tuple, tuple] = {}  # the same + regions, buyer region -> (avail epoch, lists)
-        self._weights_memo: tuple | None = None  # (base weights, load, weights_for(base, load))
+        self._weights_memo: tuple | None = None  # (base weights, load, weights_for(...), mix shares)
         self._shares_last: tuple | None = None  # (weights object, its shares)
 
     # --- public --------------------------------------------------------------------------------------
@@ -81,11 +84,12 @@ class Scheduler(FastSearch, ExhaustiveSearch, ReasonCounting, FilterChecks):
         if not self.adapt_weights:
             return self.base_weights
         load = 1.0 - self.pool.free_share()
+        mix = None if self.mix_gain is None else self.pool.mix.shape_shares()
         memo = self._weights_memo
-        if memo is not None and memo[0] is self.base_weights and memo[1] == load:
+        if memo is not None and memo[0] is self.base_weights and memo[1] == load and memo[3] == mix:
             return memo[2]  # the same object: its scorer shares are then found without hashing
-        w = weights_for(self.base_weights, load=load)
-        self._weights_memo = (self.base_weights, load, w)
+        w = weights_for(self.base_weights, load=load, mix=mix, gain=self.mix_gain or 0.0)
+        self._weights_memo = (self.base_weights, load, w, mix)
         return w
 
     def decide(self, request: Request, *, allow_preemption: bool = True, explain: bool = True) -> Decision:

@@ -59,6 +59,8 @@ class DemandMix:
         self._multi: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))  # model -> k -> mass
         self._node_snapshot: dict[str, tuple[tuple[int, float], ...]] = {}
         self._fit_cache: dict[tuple[str, float, int, bool], str | None] = {}
+        self._shapes = [0, 0, 0]  # requests seen: for a slice of one GPU, for k >= 2 GPUs, in all
+        self._shape_snapshot = (0.0, 0.0)
 
     @staticmethod
     def prior(geometry: mig.MigGeometry) -> dict[str, float]:
@@ -96,6 +98,11 @@ class DemandMix:
                 self._counts[key][name] += max(1, request.gpu_count)
                 if request.gpu_count > 1 and name != NO_ACCESS:
                     self._multi[key][request.gpu_count] += request.gpu_count
+        self._shapes[2] += 1
+        if request.gpu_count > 1:
+            self._shapes[1] += 1
+        elif not request.wants_whole:
+            self._shapes[0] += 1
         self._pending += 1
         if self._pending >= self.refresh_every:
             self.refresh()
@@ -106,6 +113,13 @@ class DemandMix:
         self.version += 1
         self._snapshot.clear()
         self._node_snapshot.clear()
+        slices, multi, total = self._shapes
+        self._shape_snapshot = (slices / total, multi / total) if total else (0.0, 0.0)
+
+    def shape_shares(self) -> tuple[float, float]:
+        """(share of requests for a slice of one GPU, share for several GPUs on one node) seen up to the
+        snapshot: the mix's exposure to fragmentation, which weights.weights_for can move the weights by."""
+        return self._shape_snapshot
 
     def multi_gpu(self, model: str) -> tuple[tuple[int, float], ...]:
         """(k, probability) of requests for k ≥ 2 whole GPUs on one node, on the same scale as

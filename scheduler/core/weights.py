@@ -6,6 +6,13 @@ Rule (piecewise linear, so a small change in load never flips a decision wholesa
 - packing: ×1 up to 50% load (load = 1 - free share), rising linearly to ×2 at 100% load — when the pool
   fills, fragmentation decides whether the next large request fits at all.
 Other weights are unchanged. The scheduler divides by the sum, so only ratios matter.
+
+And with the demand mix the engine learns (fragmentation.DemandMix.shape_shares, refreshed with the mix):
+- packing: × (1 + MIX_GAIN × exposure), exposure = the share of requests that ask for a slice of one GPU
+  plus the share that ask for several GPUs on one node — the requests whose fate depends on how the pool was
+  packed (a single whole GPU fits any free GPU). A pool serving only whole single GPUs keeps the base weights;
+  one serving slices and gangs weighs packing up to 1 + MIX_GAIN times as much. MIX_GAIN was tuned on the
+  variants listed in scheduler/sim/generalise.py (TUNE_ON) and is judged on others (REPORT_ON).
 """
 from __future__ import annotations
 
@@ -71,7 +78,21 @@ def packing_factor(*, load: float) -> float:
     return _ramp(load, 0.50, 1.00, 1.0, 2.0)
 
 
-def weights_for(base: Weights, *, load: float) -> Weights:
-    """`base` moved by the pool's load (0 = all free, 1 = all used); see the module docstring."""
+MIX_GAIN = 1.0  # tuned on TUNE_ON (python -m scheduler.sim.generalise --tune --limit 4000): 1 of 1, 2, 4
+
+
+def mix_factor(*, slices: float, multi: float, gain: float = MIX_GAIN) -> float:
+    """Packing multiplier for a demand mix with these shares of slice and multi-GPU requests."""
+    exposure = min(1.0, max(0.0, slices) + max(0.0, multi))
+    return 1.0 + gain * exposure
+
+
+def weights_for(base: Weights, *, load: float, mix: tuple[float, float] | None = None,
+                gain: float = MIX_GAIN) -> Weights:
+    """`base` moved by the pool's load (0 = all free, 1 = all used) and, when given, by the demand mix's
+    (slice share, multi-GPU share); see the module docstring."""
     load = min(1.0, max(0.0, load))
-    return base.scaled(price=price_factor(free_share=1.0 - load), packing=packing_factor(load=load))
+    packing = packing_factor(load=load)
+    if mix is not None:
+        packing *= mix_factor(slices=mix[0], multi=mix[1], gain=gain)
+    return base.scaled(price=price_factor(free_share=1.0 - load), packing=packing)

@@ -12,6 +12,7 @@ from .mapping import FRACTION_BASES, parse_model_map
 from .policies import POLICY_NAMES, factories
 from .report import plot, reasons_text, table, write_json
 from .run import DEFAULT_TRACE, DEFAULT_TRACE_DIR, HOST_CHOICES, SimConfig, payload, prepare, run_all
+from .variants import NodeVariant, PodVariant
 
 PROG = "python -m scheduler.sim"
 
@@ -21,6 +22,16 @@ def _trace_path(value: str) -> Path:
     if not p.exists() and (DEFAULT_TRACE_DIR / value).exists():
         return DEFAULT_TRACE_DIR / value  # a bare file name means one of the openb files
     return p
+
+
+def _variant(cls):
+    def parse(value: str):
+        try:
+            return cls.parse(value)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    parse.__name__ = cls.__name__  # argparse names the type in its error message
+    return parse
 
 
 def _protect(value: str) -> float | None:
@@ -40,6 +51,12 @@ def parser() -> argparse.ArgumentParser:
                          "at full size asks for ~1%% of its cluster, see docs/simulator.md)")
     ap.add_argument("--model-map", default=None,
                     help="override trace model -> catalog key: JSON file, JSON object or 'T4=a100-40gb,G2=h100-80gb'")
+    ap.add_argument("--variant", type=_variant(PodVariant), default=None,
+                    help="redraw the pods' shapes: 'share=0.6,spec=0.2,multi=0.3,seed=7' (fractions of the GPU "
+                         "pods that share a GPU, are pinned to a model, ask for several GPUs; see docs)")
+    ap.add_argument("--nodes-variant", type=_variant(NodeVariant), default=None,
+                    help="a generated pool instead of --pool: 'gpus=400,big=0.6,h100=0.35,l4=0.3,seed=3' (8-GPU "
+                         "A100/H100 nodes beside single-GPU A10/L4 servers)")
     ap.add_argument("--load", type=float, default=1.0, help="arrival-rate multiplier (arrival times / LOAD)")
     ap.add_argument("--limit", type=int, default=None, metavar="N",
                     help="replay the trace's rows up to its N-th row that asks for a GPU (CPU-only rows before "
@@ -91,7 +108,8 @@ def _run(args: argparse.Namespace) -> int:
                        model_map=parse_model_map(args.model_map), load=args.load, limit=args.limit,
                        missing_runtime=args.missing_runtime, seed=args.seed, basis=args.fraction_basis,
                        reference_gb=args.reference_gb, head_protect_s=args.head_protect, window=args.window,
-                       warmup=args.warmup, host=args.host, donor=args.donor)
+                       warmup=args.warmup, host=args.host, donor=args.donor, variant=args.variant,
+                       nodes_variant=args.nodes_variant)
     progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     prepared = prepare(config)
@@ -100,6 +118,8 @@ def _run(args: argparse.Namespace) -> int:
     print(describe(data))
     print()
     print(table(data["policies"]))
+    print(f"bound: no policy can average more than {data['allocation_bound']:.1%} allocation on these arrivals "
+          f"(fluid relaxation, scheduler/sim/bound.py)")
     reasons = reasons_text(data["policies"])
     if reasons:
         print(reasons)
@@ -124,7 +144,8 @@ def describe(data: dict) -> str:
     for why, n in tr["synthesized"].items():
         lines.append(f"  synthesized {n}: {why}")
     lines += [f"  note: {n}" for n in tr["notes"]]
-    lines.append(f"pool {cfg['pool']} x{cfg['pool_scale']:g}: {pool['nodes']} nodes, {pool['gpus']} GPUs ("
+    where = f"variant {cfg['nodes_variant']}" if cfg.get("nodes_variant") else f"{cfg['pool']} x{cfg['pool_scale']:g}"
+    lines.append(f"pool {where}: {pool['nodes']} nodes, {pool['gpus']} GPUs ("
                  + ", ".join(f"{k} {v['gpus']}" for k, v in pool["by_model"].items()) + ")")
     lines += [f"  note: {n}" for n in data.get("notes", ())]
     start, end = data["window_s"]

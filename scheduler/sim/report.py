@@ -52,6 +52,7 @@ def summarise(r: RunResult) -> dict[str, Any]:
 COLUMNS = (
     ("policy", "policy", lambda v: v),
     ("allocation", "alloc", lambda v: f"{v:.1%}"),
+    ("allocation_bound", "bound", lambda v: f"<={v:.1%}"),
     ("held", "held", lambda v: f"{v:.1%}"),
     ("fragmentation", "frag", lambda v: f"{v:.3f}"),
     ("wait_p50_s", "wait p50", human_seconds),
@@ -67,7 +68,7 @@ COLUMNS = (
 
 def table(summaries: list[dict[str, Any]]) -> str:
     rows = [[head for _, head, _ in COLUMNS]]
-    rows += [[fmt(s[key]) for key, _, fmt in COLUMNS] for s in summaries]
+    rows += [[fmt(s[key]) if key in s else "-" for key, _, fmt in COLUMNS] for s in summaries]
     widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS))]
     lines = []
     for n, r in enumerate(rows):

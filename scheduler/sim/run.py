@@ -9,12 +9,15 @@ from typing import Any, Callable
 from scheduler.core.model import NodeState
 
 from . import pool as pools
+from .bound import allocation_bound
 from .errors import SimInputError
 from .frag import FragMeter, demand_mix
 from .mapping import DEFAULT_MODEL_MAP, demand_for, mapping_notes
 from .report import series, summarise
-from .simulate import Job, PolicyFactory, RunResult, replay
+from .policies import factory as policy_factory
+from .simulate import Job, PolicyFactory, RunResult, replay, request_for
 from .trace import NODE_LIST_NAME, SKIP_CPU_ONLY, TraceLoad, load_nodes, load_pods
+from .variants import VARIANT_MODEL_MAP, NodeVariant, PodVariant, measured_shares, resample_pods, variant_nodes
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE_DIR = REPO_ROOT.parent / "shared" / "traces" / "openb"
@@ -41,6 +44,8 @@ class SimConfig:
     warmup: float = 0.01  # the metric window opens at the arrival of this quantile of the jobs (metrics.py)
     host: str = "ignore"  # "model": host CPU and memory booked per node, CPU-only pods replayed (pool.py)
     donor: Path | None = None  # pod list a file without time columns borrows runtimes from (default: beside it)
+    variant: PodVariant | None = None  # resample the pods' shapes (variants.py)
+    nodes_variant: NodeVariant | None = None  # a generated pool instead of `pool` (variants.py)
 
     def to_dict(self) -> dict[str, Any]:
         return {"trace": str(self.trace), "nodes": str(self.node_list), "pool": self.pool,
@@ -48,7 +53,17 @@ class SimConfig:
                 "limit": self.limit, "missing_runtime": self.missing_runtime, "seed": self.seed,
                 "fraction_basis": self.basis, "reference_gb": self.reference_gb,
                 "head_protect_s": self.head_protect_s, "window": self.window, "warmup": self.warmup,
-                "host": self.host, "donor": str(self.donor) if self.donor else None}
+                "host": self.host, "donor": str(self.donor) if self.donor else None,
+                "variant": self.variant.label if self.variant else None,
+                "nodes_variant": self.nodes_variant.label if self.nodes_variant else None}
+
+    def effective_model_map(self) -> dict[str, str]:
+        """The model map demands go through: on a node-list variant, VARIANT_MODEL_MAP under the entries that
+        were overridden (those that differ from the default map)."""
+        if self.nodes_variant is None:
+            return self.model_map
+        overridden = {k: v for k, v in self.model_map.items() if DEFAULT_MODEL_MAP.get(k) != v}
+        return {**VARIANT_MODEL_MAP, **overridden}
 
     @property
     def node_list(self) -> Path:
@@ -83,8 +98,16 @@ def prepare(config: SimConfig) -> Prepared:
     trace = load_pods(config.trace, missing_runtime=config.missing_runtime, seed=config.seed,
                       limit=config.limit, donor=config.donor,
                       cpu_only="replay" if config.host == "model" else "skip")
+    if config.variant is not None:
+        trace.pods = resample_pods(trace.pods, config.variant)
+        got = measured_shares(trace.pods)
+        trace.notes.append(f"variant {config.variant.label}: pod shapes redrawn (timing kept); GPU pods now "
+                           + ", ".join(f"{k} {v:.1%}" for k, v in got.items()))
+    mapping = config.effective_model_map()
     notes: list[str] = []
-    if config.pool == "openb":
+    if config.nodes_variant is not None:
+        specs = variant_nodes(config.nodes_variant)
+    elif config.pool == "openb":
         trace_nodes = load_nodes(config.node_list)
         specs = pools.openb_pool(trace_nodes, config.model_map, scale=config.pool_scale)
         notes += mapping_notes({n.model for n in trace_nodes}, config.model_map)
@@ -95,7 +118,7 @@ def prepare(config: SimConfig) -> Prepared:
     if config.host == "model":
         pools.HostLedger(specs)  # refuses a pool without host figures now, not in the first replay
     jobs = [Job(i, pod, None if pod.cpu_only else demand_for(
-                pod.num_gpu, pod.gpu_milli, pod.gpu_spec, pod.qos, mapping=config.model_map, basis=config.basis,
+                pod.num_gpu, pod.gpu_milli, pod.gpu_spec, pod.qos, mapping=mapping, basis=config.basis,
                 reference_gb=config.reference_gb), pod.arrival / config.load)
             for i, pod in enumerate(trace.pods)]
     gpu_jobs = [j for j in jobs if j.demand is not None]
@@ -130,13 +153,35 @@ def run_all(prepared: Prepared, factories: dict[str, PolicyFactory],
     return results
 
 
+def capacity_bound(prepared: Prepared, results: list[RunResult] = ()) -> float:
+    """bound.allocation_bound for this run: the most allocation any policy could average over its window.
+
+    Jobs whose shape fits no GPU of the empty pool are left out; with `--window drain` the window ends
+    where the longest of `results` ended."""
+    _, probe = policy_factory("best-fit")(prepared.nodes())
+    fits: dict[tuple, bool] = {}
+
+    def fits_empty(job: Job) -> bool:
+        key = job.demand.key
+        if key not in fits:
+            fits[key] = probe.decide(request_for(job), explain=False).ok
+        return fits[key]
+    start, end = prepared.window
+    if not math.isfinite(end):
+        end = start + max((r.averages.span for r in results if r.averages), default=0.0)
+    capacity = sum(s.gpus for s in prepared.node_specs)
+    return allocation_bound(prepared.jobs, capacity, (start, end), fits=fits_empty)
+
+
 def payload(prepared: Prepared, results: list[RunResult]) -> dict[str, Any]:
     """Everything a report needs, as JSON-ready data."""
+    bound = round(capacity_bound(prepared, results), 6)
     return {
+        "allocation_bound": bound,
         "config": prepared.config.to_dict(),
         "trace": prepared.trace.to_dict(),
         "pool": pools.pool_summary(prepared.node_specs),
         "notes": prepared.notes,
         "window_s": [prepared.window[0], prepared.window[1] if math.isfinite(prepared.window[1]) else None],
-        "policies": [dict(summarise(r), series=series(r)) for r in results],
+        "policies": [dict(summarise(r), allocation_bound=bound, series=series(r)) for r in results],
     }

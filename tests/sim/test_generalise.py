@@ -1,0 +1,56 @@
+"""The tune-on / report-on harness (scheduler/sim/generalise.py)."""
+from __future__ import annotations
+
+import pytest
+
+from scheduler.sim import generalise as G
+from scheduler.sim.run import DEFAULT_TRACE, DEFAULT_TRACE_DIR
+from scheduler.sim.variants import NodeVariant, PodVariant
+
+
+def test_nothing_reported_on_was_tuned_on():
+    tuned = {(c.trace, c.variant, c.nodes_variant) for c in G.TUNE_ON}
+    reported = {(c.trace, c.variant, c.nodes_variant) for c in G.REPORT_ON}
+    assert not tuned & reported
+    seeds = lambda cases: {v.seed for c in cases for v in (c.variant, c.nodes_variant) if v}  # noqa: E731
+    assert not seeds(G.TUNE_ON) & seeds(G.REPORT_ON)  # not even a seed is shared
+    assert len({c.name for c in G.TUNE_ON + G.REPORT_ON}) == len(G.TUNE_ON) + len(G.REPORT_ON)
+
+
+def _s(alloc=0.5, frag=0.01, p99=100.0):
+    return {"allocation": alloc, "fragmentation": frag, "wait_p99_s": p99}
+
+
+@pytest.mark.parametrize("ours, misses", [
+    (_s(), []),
+    (_s(alloc=0.6, frag=0.005, p99=0.0), []),
+    (_s(alloc=0.5 - G.ALLOC_TOLERANCE / 2), []),  # a few jobs' worth of allocation is noise
+    (_s(frag=0.012), ["frag +0.0020"]),
+    (_s(alloc=0.49), ["alloc -1.00%"]),
+    (_s(p99=3700.0), ["p99 +1.0h"]),
+    (_s(alloc=0.4, frag=0.02, p99=200.0), ["frag +0.0100", "alloc -10.00%", "p99 +1.7m"]),
+])
+def test_a_run_is_judged_against_best_fit_on_all_three(ours, misses):
+    assert G.verdict(ours, _s()) == misses
+    if misses:
+        assert G.loss(ours, _s()) > 0
+    elif ours["allocation"] >= 0.5:
+        assert G.loss(ours, _s()) == 0
+
+
+def test_the_loss_grows_with_each_shortfall():
+    base = G.loss(_s(frag=0.012), _s())
+    assert G.loss(_s(frag=0.014), _s()) > base > 0
+    assert G.loss(_s(frag=0.012, p99=7300.0), _s()) > base
+
+
+@pytest.mark.skipif(not (DEFAULT_TRACE_DIR / DEFAULT_TRACE).exists(), reason="openb traces not present")
+def test_a_case_runs_every_policy_beside_the_bound():
+    case = G.Case("tiny", variant=PodVariant(share=0.7, seed=1), nodes_variant=NodeVariant(gpus=24, seed=1))
+    run = G.run_case(case, 8.0, G.fixed_and_adaptive(), limit=400)
+    assert set(run["policies"]) == {"best-fit", "ours-fixed", "ours-adaptive"}
+    assert run["gpus"] == 24
+    for s in run["policies"].values():
+        assert 0 < s["allocation"] <= run["bound"] + 1e-9
+    lines = G.report_lines([run])
+    assert len(lines) == 2 + 3 and "tiny" in lines[2]
