@@ -384,6 +384,8 @@ CELERY_BEAT_SCHEDULE = {
     "market-reservations": {"task": "market.reservations_tick", "schedule": MARKET["LEASE_TICK_SECONDS"]},
     "money-ledger-check": {"task": "money.ledger_check", "schedule": MARKET["LEDGER_CHECK_SECONDS"]},
     "money-payouts-resend": {"task": "money.payouts_resend", "schedule": PAYOUT_RESEND_SECONDS},
+    # Alerts judge whole minutes of metrics (GpuMetricRollup), so once a minute is enough (docs/operations.md).
+    "market-alerts": {"task": "market.alerts_evaluate", "schedule": 60.0},
 }
 SPECTACULAR_SETTINGS.update({"SWAGGER_UI_DIST": "SIDECAR", "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
                              "REDOC_DIST": "SIDECAR"})
