@@ -118,6 +118,16 @@ def rule_update(*, rule: AlertRule, params: dict | None = None, enabled: bool | 
     return rule
 
 
+def rule_set(*, user, kind: str, params: dict, project_id=None, enabled: bool = True,
+             email: bool = True) -> AlertRule:
+    """The console's save: the account's (or the project's) rule of `kind` made or changed to these values."""
+    rule = AlertRule.objects.filter(user=user, kind=kind, project_id=project_id, lease=None).first()
+    if rule is None:
+        return rule_create(user=user, kind=kind, params=params, project_id=project_id, enabled=enabled, email=email)
+    rule.params = {}
+    return rule_update(rule=rule, params=params, enabled=enabled, email=email)
+
+
 def rule_delete(*, rule: AlertRule) -> None:
     """Forget a rule: the next wider one (or the defaults) applies again."""
     rule.delete()
