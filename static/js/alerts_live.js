@@ -14,7 +14,8 @@
       .then((html) => {
         const doc = new DOMParser().parseFromString(html, "text/html");
         const fresh = doc.getElementById("alert-sections"), bell = doc.getElementById("alert-bell");
-        if (fresh) sections.replaceWith(fresh);
+        const current = document.getElementById("alert-sections");  // the one the last refresh put in
+        if (fresh && current) current.replaceWith(fresh);
         const mine = document.getElementById("alert-bell");
         if (bell && mine) mine.replaceWith(bell);
       })

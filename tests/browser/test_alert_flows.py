@@ -22,7 +22,7 @@ def test_a_buyer_sets_a_rule_and_watches_a_wallet_alert_fire_live_and_resolve_af
     assert rule.get_by_label("Runs out within (hours)").input_value() == "24"  # the seed's default
     rule.get_by_label("Runs out within (hours)").fill("9999")
     rule.get_by_role("button", name="Save").click()
-    page.locator("#rule-wallet_runway .error", has_text="hours").wait_for()  # refused beside the field
+    page.locator("#rule-wallet_runway .error", has_text="720").wait_for()  # refused beside the field
     rule = page.locator("#rule-wallet_runway")
     rule.get_by_label("Runs out within (hours)").fill("500")
     rule.get_by_role("button", name="Save").click()
@@ -47,7 +47,7 @@ def test_a_buyer_sets_a_rule_and_watches_a_wallet_alert_fire_live_and_resolve_af
     page.wait_for_url(re.compile(r"/leases/[0-9a-f-]+/$"))
     page.locator("#lease-state", has_text="running").wait_for()
 
-    card = alerts_page.locator("article.alert[data-kind='wallet_runway']")
+    card = alerts_page.locator("article.alert-card[data-kind='wallet_runway']")
     card.wait_for()  # live: the page was not reloaded
     assert "runs out in about" in card.inner_text()
     alerts_page.locator("#alert-bell .count", has_text="1").wait_for()
@@ -55,6 +55,6 @@ def test_a_buyer_sets_a_rule_and_watches_a_wallet_alert_fire_live_and_resolve_af
 
     top_up(page, "2000.00")  # enough for more than 500 hours
     alerts_page.locator("#no-firing").wait_for()
-    alerts_page.locator("#resolved-h ~ article.alert[data-kind='wallet_runway']").wait_for()
+    alerts_page.locator("#resolved-h ~ article.alert-card[data-kind='wallet_runway']").wait_for()
     assert alerts_page.locator("#alert-bell .count").count() == 0
     screenshot(alerts_page, request, "-resolved")

@@ -2,12 +2,9 @@
 alert per subject; delivery by e-mail (a local SMTP server) and webhook (a local receiver, SSRF rules in place)."""
 from __future__ import annotations
 
-import json
-import threading
 import uuid
 from datetime import datetime, timedelta, timezone as tz
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from django.db import IntegrityError
@@ -21,8 +18,10 @@ from marketplace.products.orders import OrderSpec
 from scheduler.errors import Conflict, DomainError
 from scheduler.models import Gpu, GpuMetricRollup
 from tests.factories import UserFactory
-from tests.mailserver import body, smtp_server
+from tests.accounts.conftest import smtp  # noqa: F401 (the local SMTP server fixture)
+from tests.mailserver import body
 from tests.marketplace.marketsim import Fleet, top_up
+from tests.marketplace.test_market_live import Hook, hook_url  # noqa: F401 (a local webhook receiver)
 
 pytestmark = pytest.mark.django_db
 
@@ -228,41 +227,8 @@ def test_one_rule_per_kind_and_reach():
         alerts.rule_create(user=user, kind="spend")
 
 
-class Hook(BaseHTTPRequestHandler):
-    received: list = []
-
-    def do_POST(self):  # noqa: N802
-        Hook.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def hook_url(settings):
-    settings.WEBHOOKS_ALLOW_LOOPBACK = True  # only the demo allows a loopback webhook (the SSRF rules otherwise)
-    server = HTTPServer(("127.0.0.1", 0), Hook)
-    Hook.received = []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hook"
-    server.shutdown()
-    server.server_close()
-
-
-@pytest.fixture
-def smtp(settings):
-    with smtp_server() as (box, port):
-        settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-        settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
-        settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
-        settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
-        yield box
-
-
 def test_a_firing_alert_is_mailed_once_and_posted_to_the_webhook_firing_and_resolved(
-        lease, smtp, hook_url, django_capture_on_commit_callbacks):
+        lease, smtp, hook_url, django_capture_on_commit_callbacks):  # noqa: F811 (fixtures imported above)
     notifications.notification_settings_update(user=lease.buyer, webhook_url=hook_url)
     minutes(lease.slice.gpu_id, 0, 1, mem_gib=39)
     with django_capture_on_commit_callbacks(execute=True):
@@ -271,17 +237,17 @@ def test_a_firing_alert_is_mailed_once_and_posted_to_the_webhook_firing_and_reso
         alerts.alerts_evaluate(now=at(2))  # still firing: no second mail or POST
     message = smtp.wait_for("buyer@example.org", subject="close to running out of GPU memory")
     assert "7g.80gb" in body(message) and len(smtp.to("buyer@example.org")) == 1
-    assert [p["type"] for p in Hook.received] == ["alert_firing"]
-    assert Hook.received[0]["alert"]["kind"] == "oom_risk" and Hook.received[0]["alert"]["lease"] == str(lease.pk)
+    assert [p["type"] for _, p in Hook.received] == ["alert_firing"]
+    assert Hook.received[0][1]["alert"]["kind"] == "oom_risk" and Hook.received[0][1]["alert"]["lease"] == str(lease.pk)
     minutes(lease.slice.gpu_id, 2, 2, mem_gib=1)
     with django_capture_on_commit_callbacks(execute=True):
         alerts.alerts_evaluate(now=at(3))
-    assert [p["type"] for p in Hook.received] == ["alert_firing", "alert_resolved"]
+    assert [p["type"] for _, p in Hook.received] == ["alert_firing", "alert_resolved"]
     assert len(smtp.to("buyer@example.org")) == 1
 
 
 def test_alerts_switched_off_on_the_account_post_nothing_and_a_rule_without_email_sends_none(
-        lease, smtp, hook_url, django_capture_on_commit_callbacks):
+        lease, smtp, hook_url, django_capture_on_commit_callbacks):  # noqa: F811 (fixtures imported above)
     notifications.notification_settings_update(user=lease.buyer, webhook_url=hook_url, alerts=False)
     alerts.rule_create(user=lease.buyer, kind="oom_risk", email=False)
     minutes(lease.slice.gpu_id, 0, 0, mem_gib=39)
