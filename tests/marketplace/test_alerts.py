@@ -2,12 +2,13 @@
 alert per subject; delivery by e-mail (a local SMTP server) and webhook (a local receiver, SSRF rules in place)."""
 from __future__ import annotations
 
+import threading
 import uuid
 from datetime import datetime, timedelta, timezone as tz
 from decimal import Decimal
 
 import pytest
-from django.db import IntegrityError
+from django.db import IntegrityError, close_old_connections
 
 from marketplace import notifications
 from marketplace.lifecycle.alerts import alert_fire, alert_resolve
@@ -255,3 +256,29 @@ def test_alerts_switched_off_on_the_account_post_nothing_and_a_rule_without_emai
         alerts.alerts_evaluate(now=at(1))
     assert len(firing(lease.buyer, "oom_risk")) == 1
     assert Hook.received == [] and smtp.to("buyer@example.org") == []
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_eight_firers_racing_on_one_subject_open_one_alert_and_announce_it_once(monkeypatch):
+    from marketplace.lifecycle import alerts as alert_service
+
+    user = UserFactory()
+    announced, opened = [], []
+    monkeypatch.setattr(alert_service, "_announce", lambda alert: announced.append(alert.pk))
+    start = threading.Barrier(8)
+
+    def fire():
+        try:
+            start.wait()
+            opened.append(alert_fire(user=user, kind="other", subject_key="race", title="t", email=False)[1])
+        finally:
+            close_old_connections()
+
+    threads = [threading.Thread(target=fire) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert sorted(opened) == [False] * 7 + [True]
+    assert Alert.objects.filter(subject_key="race").count() == 1 and len(announced) == 1
