@@ -66,3 +66,13 @@ def test_a_project_rule_is_saved_listed_and_removed(client, buyer):
     other = Project.objects.create(user=UserFactory(), name="theirs")
     r = client.post("/alerts/rules/", {"kind": "spend", "project": other.pk, "project-enabled": "on"})
     assert r.status_code == 400 and not AlertRule.objects.exists()
+
+
+def test_operators_see_alerts_and_rules_in_the_admin_without_changing_them(client):
+    staff = UserFactory(username="op", is_staff=True, is_superuser=True)
+    alert_fire(user=UserFactory(), kind="other", subject_key="x", title="Seen by operators")
+    AlertRule.objects.create(user=staff, kind="spend", params={"percents": [50]})
+    client.force_login(staff)
+    assert "Seen by operators" in client.get("/admin/marketplace/alert/").content.decode()
+    assert client.get("/admin/marketplace/alertrule/").status_code == 200
+    assert client.get("/admin/marketplace/alert/add/").status_code == 403
