@@ -250,7 +250,10 @@ def _lease_metrics(now: datetime) -> dict[str, int]:
         minutes.setdefault(r.gpu_id, {})[r.minute] = r
     rules = Rules({lease.buyer_id for lease in leases}, [K.UNDERUSED, K.OOM_RISK])
     fired = {K.UNDERUSED: 0, K.OOM_RISK: 0}
-    judged = set()
+    # Resolving costs a locked read, so only what is firing is resolved (not every quiet lease every minute).
+    open_now = {(a.user_id, a.subject_key): a for a in Alert.objects.filter(
+        kind__in=[K.UNDERUSED, K.OOM_RISK], state=Alert.State.FIRING).select_related("user")}
+    keep = set()
     last = current - timedelta(minutes=1)
     for lease in leases:
         if sharing.get(lease.slice.gpu_id, 0) > 1:
@@ -260,9 +263,9 @@ def _lease_metrics(now: datetime) -> dict[str, int]:
         for kind in (K.UNDERUSED, K.OOM_RISK):
             setting = rules.for_(user_id=lease.buyer_id, kind=kind, project_id=project_id, lease_id=lease.pk)
             key = f"{kind}:lease:{lease.pk}"
-            judged.add((lease.buyer_id, key))
+            keep.add((lease.buyer_id, key))
             if not setting.enabled:
-                alert_resolve(user=lease.buyer, subject_key=key, now=now)
+                keep.discard((lease.buyer_id, key))  # resolved below, if firing
                 continue
             if kind == K.UNDERUSED:
                 state = _underused(lease, rows, current, setting.params)
@@ -271,18 +274,17 @@ def _lease_metrics(now: datetime) -> dict[str, int]:
             if state is None:
                 continue  # nothing new known (no minute reported): the alert stays as it is
             if state is False:
-                alert_resolve(user=lease.buyer, subject_key=key, now=now)
+                keep.discard((lease.buyer_id, key))
                 continue
             title, detail, suggestion = state
             _, opened = alert_fire(user=lease.buyer, kind=kind, subject_key=key, title=title, detail=detail,
                                    severity="info" if kind == K.UNDERUSED else "warning", suggestion=suggestion,
                                    lease=lease, email=setting.email, now=now)
             fired[kind] += opened
-    # Leases that ended (or are judged no more): their alerts resolve.
-    for alert in Alert.objects.filter(kind__in=[K.UNDERUSED, K.OOM_RISK], state=Alert.State.FIRING).select_related(
-            "user"):
-        if (alert.user_id, alert.subject_key) not in judged:
-            alert_resolve(user=alert.user, subject_key=alert.subject_key, now=now)
+    # Conditions that cleared, rules switched off, leases that ended or are keep no more: their alerts resolve.
+    for (user_id, key), alert in open_now.items():
+        if (user_id, key) not in keep:
+            alert_resolve(user=alert.user, subject_key=key, now=now)
     return fired
 
 
@@ -352,7 +354,8 @@ def _gpu_health(now: datetime) -> int:
         if reasons:
             bad[gpu.pk] = (gpu, reasons)
     holders: dict[int, list[Lease]] = {}
-    for lease in Lease.objects.filter(slice__gpu_id__in=bad, state__in=Lease.OPEN_STATES).select_related("buyer"):
+    for lease in Lease.objects.filter(slice__gpu_id__in=list(bad), state__in=Lease.OPEN_STATES).select_related(
+            "buyer", "slice"):
         holders.setdefault(lease.slice.gpu_id, []).append(lease)
     users = {g.node.provider_id for g, _ in bad.values()} | {l.buyer_id for ls in holders.values() for l in ls}
     rules = Rules(users, [K.GPU_HEALTH])

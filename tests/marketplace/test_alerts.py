@@ -282,3 +282,32 @@ def test_eight_firers_racing_on_one_subject_open_one_alert_and_announce_it_once(
         t.join(timeout=60)
     assert sorted(opened) == [False] * 7 + [True]
     assert Alert.objects.filter(subject_key="race").count() == 1 and len(announced) == 1
+
+
+def test_a_quiet_minute_costs_the_same_queries_for_two_leases_as_for_six():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    fleet = Fleet()
+    fleet.node("l4:8", price="1.00")
+    buyer = UserFactory()
+    top_up(buyer, "10000")
+
+    def lease_more(n):
+        for _ in range(n):
+            orders.order_place(buyer=buyer, spec=OrderSpec(mode="on_demand", whole_gpu=True, gpu_models=["l4"]))
+        fleet.play()
+        for lease in Lease.objects.filter(state=Lease.State.RUNNING):
+            GpuMetricRollup.objects.get_or_create(gpu_id=lease.slice.gpu_id, minute=at(0), defaults={
+                "samples": 60, "util_avg": 80.0, "util_max": 90.0, "mem_used_max": 1024.0})
+
+    def cost():
+        with CaptureQueriesContext(connection) as ctx:
+            alerts.alerts_evaluate(now=at(1))
+        return len(ctx.captured_queries)
+
+    lease_more(2)
+    two = cost()
+    lease_more(4)
+    assert Lease.objects.filter(state=Lease.State.RUNNING).count() == 6
+    assert cost() == two and not Alert.objects.exists()
