@@ -2,6 +2,7 @@
 from django.urls import path
 from rest_framework.routers import DefaultRouter
 
+from marketplace.api.alerts import AlertRuleViewSet, AlertViewSet
 from marketplace.api.apikeys import ApiKeyViewSet
 from marketplace.api.catalog import OfferList
 from marketplace.api.market import (BidViewSet, LeaseViewSet, OrderViewSet, ReservationViewSet,
@@ -36,6 +37,8 @@ router.register("bids", BidViewSet, basename="bid")
 router.register("templates", TemplateViewSet, basename="template")
 router.register("ssh-keys", SshKeyViewSet, basename="ssh-key")
 router.register("api-keys", ApiKeyViewSet, basename="api-key")
+router.register("alerts", AlertViewSet, basename="alert")
+router.register("alert-rules", AlertRuleViewSet, basename="alert-rule")
 
 urlpatterns = router.urls
 urlpatterns += [path("offers/", OfferList.as_view(), name="offer-list")]

@@ -464,3 +464,22 @@ class AccountUserAdmin(UserAdmin):
 
 admin.site.unregister(get_user_model())
 admin.site.register(get_user_model(), AccountUserAdmin)
+
+
+# --- alerts (docs/operations.md "Alerts"): operators look; users change their rules in the console or the API ------
+from marketplace.models import Alert, AlertRule  # noqa: E402
+
+
+@admin.register(Alert)
+class AlertAdmin(ReadOnlyAdmin):
+    list_display = ["fired_at", "user", "kind", "severity", "state", "title", "resolved_at"]
+    list_filter = ["state", "kind", "severity"]
+    search_fields = ["user__username", "subject_key", "title"]
+    date_hierarchy = "fired_at"
+
+
+@admin.register(AlertRule)
+class AlertRuleAdmin(ReadOnlyAdmin):
+    list_display = ["user", "kind", "project", "lease", "params", "enabled", "email", "updated_at"]
+    list_filter = ["kind", "enabled"]
+    search_fields = ["user__username"]

@@ -85,6 +85,7 @@ class NotificationSettingsForm(forms.Form):
     lease_ended = forms.BooleanField(label="Lease ended", required=False)
     lease_failed = forms.BooleanField(label="Lease failed to start", required=False)
     balance_low = forms.BooleanField(label="Low balance", required=False)
+    alerts = forms.BooleanField(label="Alerts (firing and resolved)", required=False)
 
 
 class ProjectForm(forms.Form):
@@ -328,3 +329,32 @@ class LedgerFilterForm(forms.Form):
 
         self.fields["project"].choices = [("", "all projects")] + [
             (p.pk, p.name) for p in Project.objects.filter(user=user).order_by("name")]
+
+
+class AlertRuleForm(forms.Form):
+    """One alert rule in the console: the fields of every kind; only the kind's own are used (blank: the default)."""
+
+    PARAMS = {"underused": ("util_below_percent", "minutes"), "oom_risk": ("memory_percent",), "gpu_health": (),
+              "spend": ("percents",), "wallet_runway": ("hours",)}
+
+    enabled = forms.BooleanField(label="On", required=False)
+    email = forms.BooleanField(label="E-mail me", required=False)
+    util_below_percent = forms.IntegerField(label="Utilisation below (%)", required=False, min_value=1, max_value=100)
+    minutes = forms.IntegerField(label="for (minutes)", required=False, min_value=1, max_value=1440)
+    memory_percent = forms.IntegerField(label="Memory at least (% of the slice)", required=False, min_value=50,
+                                        max_value=100)
+    percents = forms.CharField(label="At (% of the monthly budget)", required=False, max_length=60,
+                               help_text="comma-separated, e.g. 50, 80, 100")
+    hours = forms.IntegerField(label="Runs out within (hours)", required=False, min_value=1, max_value=720)
+
+    def clean_percents(self):
+        text = self.cleaned_data["percents"].strip()
+        if not text:
+            return None
+        try:
+            return [int(p) for p in text.replace(" ", "").split(",") if p]
+        except ValueError:
+            raise forms.ValidationError("whole percentages separated by commas, e.g. 50, 80, 100") from None
+
+    def params_for(self, kind: str) -> dict:
+        return {name: self.cleaned_data[name] for name in self.PARAMS[kind] if self.cleaned_data.get(name) is not None}

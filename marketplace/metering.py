@@ -280,14 +280,8 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
     now = now or timezone.now()
     result = TickResult()
     minute = minute_of(now)
-    warn_s = market("BALANCE_WARN_SECONDS")
     running = Lease.objects.filter(state=Lease.State.RUNNING, metered=True)
-    buyers = list(running.order_by().values("buyer_id").annotate(
-        burn=Sum("price_per_hour"), unposted=Sum(F("cost_accrued") - F("cost_charged")),
-        since=Sum(ExpressionWrapper(F("price_per_hour") * Epoch("accrued_until"), output_field=FloatField())),
-        due=Count("id", filter=Q(billed_until__lt=minute)),
-        unwarned=Count("id", filter=Q(warned_at__isnull=True) | Q(warned_at__lt=now - timedelta(seconds=warn_s / 3))),
-    ).values_list("buyer_id", "burn", "unposted", "since", "due", "unwarned"))
+    buyers = _burning(running, now=now)
     if not buyers:
         return result
     stopped, warned = _guard(buyers, now, result)
@@ -314,6 +308,50 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
     return result
 
 
+def _burning(running, *, now: datetime) -> list[tuple]:
+    """Per buyer of `running` leases: (buyer_id, burn per hour, accrued and not charged, sum of price x accrued_until,
+    leases due a posting, leases not warned lately), summed by the database."""
+    warn_s = market("BALANCE_WARN_SECONDS")
+    return list(running.order_by().values("buyer_id").annotate(
+        burn=Sum("price_per_hour"), unposted=Sum(F("cost_accrued") - F("cost_charged")),
+        since=Sum(ExpressionWrapper(F("price_per_hour") * Epoch("accrued_until"), output_field=FloatField())),
+        due=Count("id", filter=Q(billed_until__lt=minute_of(now))),
+        unwarned=Count("id", filter=Q(warned_at__isnull=True) | Q(warned_at__lt=now - timedelta(seconds=warn_s / 3))),
+    ).values_list("buyer_id", "burn", "unposted", "since", "due", "unwarned"))
+
+
+def _runway(balance: Decimal, burn, unposted, since, clock: float) -> tuple[float, float]:
+    """(money left after what the leases owe, seconds it lasts at `burn` per hour): a threshold, in floats."""
+    burn = float(burn or 0)
+    # sum of price x (now - accrued_until) over its leases, per hour, plus what is accrued and not charged
+    owing = float(unposted or 0) + (clock * burn - float(since or 0)) / 3600
+    left = float(balance) - max(0.0, owing)
+    return left, (left / burn * 3600 if burn > 0 else math.inf)
+
+
+@dataclass(frozen=True)
+class Runway:
+    balance: Decimal  # the wallet less what its running leases owe and the ledger has not charged yet
+    burn_per_hour: Decimal
+    seconds_left: float
+
+
+def wallet_runways(*, now: datetime | None = None) -> dict[int, Runway]:
+    """How long each buyer with running metered leases has before the wallet runs out at the current burn rate
+    (the same sums the tick's guard uses); buyers without such leases are absent."""
+    now = now or timezone.now()
+    buyers = _burning(Lease.objects.filter(state=Lease.State.RUNNING, metered=True), now=now)
+    balances = ledger.wallet_balances(b[0] for b in buyers)
+    out = {}
+    for buyer_id, burn, unposted, since, _, _ in buyers:
+        if float(burn or 0) <= 0:
+            continue
+        left, seconds = _runway(balances.get(buyer_id, ZERO), burn, unposted, since, now.timestamp())
+        out[buyer_id] = Runway(balance=micro(Decimal(repr(left))), burn_per_hour=micro(Decimal(burn)),
+                               seconds_left=seconds)
+    return out
+
+
 def _guard(buyers: list[tuple], now: datetime, result: TickResult) -> tuple[set, dict]:
     """Which buyers' leases stop (under BALANCE_STOP_SECONDS of money at their burn rate, counting what their
     leases owe and the ledger has not charged: a threshold, in floats) and which are warned."""
@@ -325,10 +363,7 @@ def _guard(buyers: list[tuple], now: datetime, result: TickResult) -> tuple[set,
         burn = float(burn or 0)
         if burn <= 0:
             continue
-        # sum of price x (now - accrued_until) over its leases, per hour, plus what is accrued and not charged
-        owing = float(unposted or 0) + (clock * burn - float(since or 0)) / 3600
-        left = float(balances.get(buyer_id, ZERO)) - max(0.0, owing)
-        seconds_left = left / burn * 3600
+        left, seconds_left = _runway(balances.get(buyer_id, ZERO), burn, unposted, since, clock)
         if seconds_left < stop_s:
             stopped.add(buyer_id)
         elif seconds_left < warn_s and unwarned:

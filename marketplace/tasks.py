@@ -5,7 +5,7 @@ from celery import shared_task
 from marketplace import events
 from marketplace.lifecycle import leases
 from marketplace.money import check
-from marketplace.products import orders, payouts, reservations, spot
+from marketplace.products import alerts, orders, payouts, reservations, spot
 
 
 @shared_task(name="market.meter")
@@ -46,3 +46,8 @@ def ledger_check() -> bool:
 @shared_task(name="money.payouts_resend")
 def payouts_resend() -> int:
     return payouts.payouts_resend()
+
+
+@shared_task(name="market.alerts_evaluate")
+def alerts_evaluate() -> dict:
+    return alerts.alerts_evaluate()

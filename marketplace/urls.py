@@ -46,6 +46,9 @@ urlpatterns = [
     path("nodes/<uuid:node_id>/rename/", views.node_rename, name="node-rename"),
     path("nodes/<uuid:node_id>/delete/", views.node_delete, name="node-delete"),
     # account
+    path("alerts/", views.alert_list, name="alerts"),
+    path("alerts/rules/", views.alert_rules, name="alert-rules"),
+    path("alerts/rules/<int:rule_id>/delete/", views.alert_rule_delete, name="alert-rule-delete"),
     path("account/", views.account, name="account"),
     path("account/two-factor/", views.two_factor, name="two-factor"),
     path("account/notifications/", views.notifications_save, name="notifications"),

@@ -368,6 +368,8 @@ MARKET = {
                                        maximum=16 * 1024 * 1024),
     # How often the ledger is reconciled in production (balances against entries; admin + log on a miss).
     "LEDGER_CHECK_SECONDS": env_float("MARKET_LEDGER_CHECK_SECONDS", 3600.0, minimum=10),
+    # Alerts judge whole minutes of metrics (GpuMetricRollup): once a minute is enough (docs/operations.md "Alerts").
+    "ALERTS_SECONDS": env_float("MARKET_ALERTS_SECONDS", 60.0, minimum=1),
 }
 
 LOGGING = {
@@ -389,6 +391,7 @@ CELERY_BEAT_SCHEDULE = {
     "market-reservations": {"task": "market.reservations_tick", "schedule": MARKET["LEASE_TICK_SECONDS"]},
     "money-ledger-check": {"task": "money.ledger_check", "schedule": MARKET["LEDGER_CHECK_SECONDS"]},
     "money-payouts-resend": {"task": "money.payouts_resend", "schedule": PAYOUT_RESEND_SECONDS},
+    "market-alerts": {"task": "market.alerts_evaluate", "schedule": MARKET["ALERTS_SECONDS"]},
 }
 SPECTACULAR_SETTINGS.update({"SWAGGER_UI_DIST": "SIDECAR", "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
                              "REDOC_DIST": "SIDECAR"})

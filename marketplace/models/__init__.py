@@ -15,3 +15,6 @@ __all__ += ["PortBinding", "SshKey", "Template", "Workload", "WorkloadRun"]
 from .payouts import Payout  # noqa: E402
 
 __all__ += ["Payout"]
+from .alerts import Alert, AlertKind, AlertRule  # noqa: E402
+
+__all__ += ["Alert", "AlertKind", "AlertRule"]

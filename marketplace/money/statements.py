@@ -176,3 +176,15 @@ def wallet_activity(*, user, kind: str | None = None, since: datetime | None = N
              .values(*columns))
     # Each side unordered (SQLite refuses ORDER BY inside a compound statement), the union ordered.
     return singles.order_by().union(usage.order_by(), all=True).order_by("-at", "-first_at")
+
+
+def project_spend(*, project: Project, month: str | None = None) -> Decimal:
+    """What a project spent in a UTC calendar month (this one by default), exactly, as its statement totals it:
+    usage posted for its leases plus its other charges (reserved windows, resale, less reversals), not top-ups or
+    credits. Usage is posted once a minute, so the running minute is not in it yet."""
+    _, start, end = month_bounds(month)
+    usage = exact_sum(UsageRecord.objects.filter(project=project, minute__gte=start, minute__lt=end))
+    other = exact_sum(LedgerEntry.objects.filter(
+        project=project, account__user_id=project.user_id, account__kind=Account.Kind.WALLET,
+        created_at__gte=start, created_at__lt=end).exclude(transaction__kind__in=NOT_SPENDING))
+    return usage - other

@@ -6,6 +6,7 @@ from django.urls import NoReverseMatch, reverse
 from django.utils.html import format_html
 
 from marketplace import amounts
+from marketplace.products.alerts import alerts_firing_count
 from nodeagent.hardware.gpus import name_of
 
 register = template.Library()
@@ -31,6 +32,12 @@ def console_nav(user=None) -> list[dict]:
         except NoReverseMatch:
             continue
     return items
+
+
+@register.simple_tag
+def firing_alerts(user=None) -> int:
+    """How many of the user's alerts are firing: the bell's number (one query a page)."""
+    return alerts_firing_count(user=user) if user is not None and user.is_authenticated else 0
 
 
 @register.filter

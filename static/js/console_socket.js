@@ -1,4 +1,4 @@
-// The console websocket of the live pages: subscribe once open, show its state in stateEl ("live", an error,
+// The console websocket of the live pages: subscribe once open (unless `subscribe` is null), show its state in stateEl ("live", an error,
 // "reconnecting…"), reconnect with jittered backoff. Every message also goes to onMessage. Returns {close()}: a
 // page whose subject is over (an ended lease) stops listening and does not reconnect.
 window.consoleSocket = function (subscribe, stateEl, onMessage) {
@@ -6,7 +6,8 @@ window.consoleSocket = function (subscribe, stateEl, onMessage) {
   let retry = 500, ws = null, closed = false;
   function connect() {
     ws = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + "/ws/console/");
-    ws.onopen = () => { retry = 500; ws.send(JSON.stringify({ subscribe: subscribe })); };
+    // Without a subscription the socket hears only the user's own market events (alerts, leases), which need none.
+    ws.onopen = () => { retry = 500; if (subscribe) ws.send(JSON.stringify({ subscribe: subscribe })); else stateEl.textContent = "live"; };
     ws.onmessage = (e) => {
       const msg = JSON.parse(e.data);
       if (msg.type === "subscribed") stateEl.textContent = "live";

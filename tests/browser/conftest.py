@@ -23,7 +23,7 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-sync", "--no-first-run"]
 SHOTS = ROOT / "var" / "screenshots"  # not tracked; README images are copies in docs/screenshots
 PASSWORD = "browser-pass-1"
-USERS = ["buyer-ann", "buyer-bob", "buyer-cat", "prov-dan", "prov-eve"]
+USERS = ["buyer-ann", "buyer-bob", "buyer-cat", "buyer-dee", "prov-dan", "prov-eve"]
 # prov-dan takes the provider step in its own test (test_provider_flow.py); prov-eve has taken it.
 PROVIDERS = ["prov-eve"]
 
@@ -79,7 +79,7 @@ def stack(tmp_path_factory):
                      nodes=[("market-h100", "h100-80gb:2")],
                      env={"FLEET_METRICS_FLUSH": "0.5", "FLEET_OFFLINE_CHECK": "2", "MARKET_METER_SECONDS": "1",
                           "MARKET_QUEUE_SECONDS": "1", "MARKET_LEASE_TICK_SECONDS": "1",
-                          "MARKET_RESERVED_AHEAD_SECONDS": "3600"},
+                          "MARKET_RESERVED_AHEAD_SECONDS": "3600", "MARKET_ALERTS_SECONDS": "2"},
                      agent_interval=0.5)
     with s.running():
         yield s

@@ -9,7 +9,7 @@ from tests.factories import ProviderFactory, UserFactory
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["/nodes/", "/nodes/register/", "/catalog/", "/leases/", "/reservations/", "/resale/", "/billing/",
+PAGES = ["/alerts/", "/alerts/rules/", "/nodes/", "/nodes/register/", "/catalog/", "/leases/", "/reservations/", "/resale/", "/billing/",
          "/account/", "/earnings/", "/provider/", "/password/change/"]
 
 
