@@ -15,3 +15,6 @@ __all__ += ["PortBinding", "SshKey", "Template", "Workload", "WorkloadRun"]
 from .payouts import Payout  # noqa: E402
 
 __all__ += ["Payout"]
+from .operations import AutoscaleAction, AutoscaleRule, ReclaimNotice, ReclaimPolicy  # noqa: E402
+
+__all__ += ["AutoscaleAction", "AutoscaleRule", "ReclaimNotice", "ReclaimPolicy"]
