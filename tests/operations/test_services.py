@@ -9,7 +9,7 @@ import pytest
 from django.core import mail
 
 from marketplace.amounts import cost
-from marketplace.models import AutoscaleAction, Lease, Order, Project, ReclaimNotice
+from marketplace.models import Lease, Order, Project, ReclaimNotice
 from marketplace.operations import autoscale, reclaim
 from marketplace.products import orders
 from marketplace.products.orders import OrderSpec
