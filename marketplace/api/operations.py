@@ -46,38 +46,56 @@ class ReclaimNoticeSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class ReclaimPolicyViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
-    """Your idle reclaim policies: one default and at most one per project."""
+class _ServiceWrites(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    """Create, change (PUT, PATCH) and delete through the operations services: `_save(instance or None, data)` and
+    `_delete(instance)`."""
 
-    serializer_class = ReclaimPolicySerializer
-    queryset = ReclaimPolicy.objects.none()
     write_scope = TRADE
     error_statuses = CRUD_ERRORS
 
-    def get_queryset(self):
-        return ReclaimPolicy.objects.filter(user=self.request.user).order_by("id")
+    def _save(self, instance, data: dict):
+        raise NotImplementedError
+
+    def _delete(self, instance) -> None:
+        raise NotImplementedError
 
     def create(self, request):
-        data = ReclaimPolicySerializer(data=request.data)
+        data = self.get_serializer(data=request.data)
         data.is_valid(raise_exception=True)
-        fields = dict(data.validated_data)
-        policy = reclaim.reclaim_policy_save(user=request.user, project_id=fields.pop("project_id", None), **fields)
-        return Response(ReclaimPolicySerializer(policy).data, status=status.HTTP_201_CREATED)
+        return Response(self.get_serializer(self._save(None, dict(data.validated_data))).data,
+                        status=status.HTTP_201_CREATED)
 
     def update(self, request, pk=None, partial=False):
-        policy = self.get_object()
-        data = ReclaimPolicySerializer(policy, data=request.data, partial=partial)
+        instance = self.get_object()
+        data = self.get_serializer(instance, data=request.data, partial=partial)
         data.is_valid(raise_exception=True)
-        fields = {k: v for k, v in data.validated_data.items() if k != "project_id"}  # a policy keeps its scope
-        policy = reclaim.reclaim_policy_save(user=request.user, policy_id=policy.pk, **fields)
-        return Response(ReclaimPolicySerializer(policy).data)
+        return Response(self.get_serializer(self._save(instance, dict(data.validated_data))).data)
 
     def partial_update(self, request, pk=None):
         return self.update(request, pk, partial=True)
 
     def destroy(self, request, pk=None):
-        reclaim.reclaim_policy_delete(user=request.user, policy_id=self.get_object().pk)
+        self._delete(self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class ReclaimPolicyViewSet(_ServiceWrites):
+    """Your idle reclaim policies: one default and at most one per project."""
+
+    serializer_class = ReclaimPolicySerializer
+    queryset = ReclaimPolicy.objects.none()
+
+    def get_queryset(self):
+        return ReclaimPolicy.objects.filter(user=self.request.user).order_by("id")
+
+    def _save(self, policy, data: dict):
+        project_id = data.pop("project_id", None)  # a policy keeps its scope once made
+        if policy is not None:
+            return reclaim.reclaim_policy_save(user=self.request.user, policy_id=policy.pk, **data)
+        return reclaim.reclaim_policy_save(user=self.request.user, project_id=project_id, **data)
+
+    def _delete(self, policy) -> None:
+        reclaim.reclaim_policy_delete(user=self.request.user, policy_id=policy.pk)
 
 
 class ReclaimNoticeViewSet(viewsets.ReadOnlyModelViewSet):
@@ -161,13 +179,11 @@ class AutoscaleActionSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-class AutoscaleRuleViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+class AutoscaleRuleViewSet(_ServiceWrites):
     """Your autoscaling rules. POST /autoscale-rules/{id}/queue/ {length} reports the workload's queue."""
 
     serializer_class = AutoscaleRuleSerializer
     queryset = AutoscaleRule.objects.none()
-    write_scope = TRADE
-    error_statuses = CRUD_ERRORS
 
     def get_queryset(self):
         return AutoscaleRule.objects.filter(project__user=self.request.user).select_related("template").order_by("id")
@@ -175,27 +191,13 @@ class AutoscaleRuleViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, vie
     def get_serializer_context(self):
         return super().get_serializer_context() | {"leases": autoscale.group_lease_ids(user=self.request.user)}
 
-    def create(self, request):
-        data = AutoscaleRuleSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        rule = autoscale.autoscale_rule_save(user=request.user, project_id=data.validated_data["project_id"],
-                                             **_rule_fields(data.validated_data))
-        return Response(AutoscaleRuleSerializer(rule).data, status=status.HTTP_201_CREATED)
+    def _save(self, rule, data: dict):
+        project_id = data.get("project_id")
+        return autoscale.autoscale_rule_save(user=self.request.user, project_id=project_id,
+                                             rule_id=rule.pk if rule is not None else None, **_rule_fields(data))
 
-    def update(self, request, pk=None, partial=False):
-        rule = self.get_object()
-        data = AutoscaleRuleSerializer(rule, data=request.data, partial=partial)
-        data.is_valid(raise_exception=True)
-        rule = autoscale.autoscale_rule_save(user=request.user, rule_id=rule.pk,
-                                             **_rule_fields(data.validated_data))
-        return Response(AutoscaleRuleSerializer(rule).data)
-
-    def partial_update(self, request, pk=None):
-        return self.update(request, pk, partial=True)
-
-    def destroy(self, request, pk=None):
-        autoscale.autoscale_rule_delete(user=request.user, rule_id=self.get_object().pk)
-        return Response(status=status.HTTP_204_NO_CONTENT)
+    def _delete(self, rule) -> None:
+        autoscale.autoscale_rule_delete(user=self.request.user, rule_id=rule.pk)
 
     @extend_schema(request=QueueReportSerializer, responses=AutoscaleRuleSerializer)
     @action(detail=True, methods=["post"], serializer_class=QueueReportSerializer)

@@ -68,22 +68,29 @@ def reclaim_policy_save(request):
     return _page(request, policy_form=form, status=400)
 
 
+def _delete(request, found, confirm: Confirm, act, said: str, anchor: str):
+    """A delete with its confirmation: GET asks (changing nothing), POST does it; someone else's is missing."""
+    if found is None:
+        messages.error(request, "Nothing like that among yours.")
+        return redirect("console:operations")
+    if request.method == "GET":
+        return confirm_page(request, confirm)
+    act()
+    messages.success(request, said)
+    return redirect(reverse("console:operations") + anchor)
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
 def reclaim_policy_delete(request, policy_id):
     policy = ReclaimPolicy.objects.filter(pk=policy_id, user=request.user).first()
-    if policy is None:
-        messages.error(request, "No such reclaim policy among yours.")
-        return redirect("console:operations")
-    if request.method == "GET":
-        return confirm_page(request, Confirm(
-            title="Delete this idle reclaim policy?",
-            points=["Idle leases it covers are no longer ended; notices it gave are withdrawn.",
-                    "Its log of what was reclaimed and saved goes with it."],
-            action="Delete policy", keep="Keep it", back=reverse("console:operations") + "#reclaim"))
-    reclaim.reclaim_policy_delete(user=request.user, policy_id=policy.pk)
-    messages.success(request, "Idle reclaim policy deleted.")
-    return redirect(reverse("console:operations") + "#reclaim")
+    return _delete(request, policy, Confirm(
+        title="Delete this idle reclaim policy?",
+        points=["Idle leases it covers are no longer ended; notices it gave are withdrawn.",
+                "Its log of what was reclaimed and saved goes with it."],
+        action="Delete policy", keep="Keep it", back=reverse("console:operations") + "#reclaim"),
+        lambda: reclaim.reclaim_policy_delete(user=request.user, policy_id=policy_id),
+        "Idle reclaim policy deleted.", "#reclaim")
 
 
 def _rule_initial(rule: AutoscaleRule) -> dict:
@@ -130,15 +137,10 @@ def autoscale_rule(request, rule_id=None):
 @require_http_methods(["GET", "POST"])
 def autoscale_rule_delete(request, rule_id):
     rule = AutoscaleRule.objects.filter(pk=rule_id, project__user=request.user).first()
-    if rule is None:
-        messages.error(request, "No such autoscaling rule among yours.")
-        return redirect("console:operations")
-    if request.method == "GET":
-        return confirm_page(request, Confirm(
-            title=f"Delete the autoscaling rule “{rule.name}”?",
-            points=["Its leases keep running (and billing) until you end them: set its minimum to 0 and let it "
-                    "scale in first if you want them gone.", "Its action log goes with it."],
-            action="Delete rule", keep="Keep it", back=reverse("console:operations") + "#autoscaling"))
-    autoscale.autoscale_rule_delete(user=request.user, rule_id=rule.pk)
-    messages.success(request, f"Autoscaling rule “{rule.name}” deleted.")
-    return redirect(reverse("console:operations") + "#autoscaling")
+    return _delete(request, rule, Confirm(
+        title=f"Delete the autoscaling rule “{rule.name if rule else ''}”?",
+        points=["Its leases keep running (and billing) until you end them: set its minimum to 0 and let it "
+                "scale in first if you want them gone.", "Its action log goes with it."],
+        action="Delete rule", keep="Keep it", back=reverse("console:operations") + "#autoscaling"),
+        lambda: autoscale.autoscale_rule_delete(user=request.user, rule_id=rule_id),
+        f"Autoscaling rule “{rule.name if rule else ''}” deleted.", "#autoscaling")

@@ -5,15 +5,12 @@ notice (at its webhook) and is reclaimed; every lease's charge and both wallets 
 leases' seconds × price."""
 from __future__ import annotations
 
-import json
-import threading
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.e2e.livestack import LiveStack, wait_until
+from tests.e2e.livestack import LiveStack, wait_until, webhook_receiver
 
 pytestmark = [pytest.mark.e2e]
 
@@ -33,25 +30,10 @@ SCALE_OUT_COOLDOWN = 40  # seconds
 SCALE_IN_COOLDOWN = 10
 
 
-class Hook(BaseHTTPRequestHandler):
-    received: list = []
-
-    def do_POST(self):  # noqa: N802 (http.server's naming)
-        Hook.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
 @pytest.fixture
-def hook_url():
-    Hook.received = []
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Hook)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/notices"
-    server.shutdown()
+def hook():
+    with webhook_receiver() as (url, received):
+        yield url, received
 
 
 @pytest.fixture
@@ -91,8 +73,9 @@ def charge(lease: dict) -> Decimal:
 
 
 def test_a_group_scales_out_when_busy_respects_its_cooldown_scales_in_when_idle_and_an_idle_lease_is_reclaimed(
-        stack, load, hook_url):
+        stack, load, hook):
     set_load, _ = load
+    hook_url, received = hook
     stack.shell(PRICE)
     team, night = stack.add_buyers(["ops-team", "ops-night"], credit="1000")
     wait_until(lambda: stack.api("GET", "/api/v1/offers/", key=team["api_key"])[1].get("results"), timeout=20,
@@ -161,7 +144,7 @@ def test_a_group_scales_out_when_busy_respects_its_cooldown_scales_in_when_idle_
     notices = api(night, "GET", "/reclaim-notices/")[1]["results"]
     reclaimed = [n for n in notices if n["state"] == "reclaimed"]
     assert len(reclaimed) == 1 and reclaimed[0]["lease"] == night_lease
-    wait_until(lambda: any(h.get("type") == "reclaim_notice" and h["lease"] == night_lease for h in Hook.received),
+    wait_until(lambda: any(h.get("type") == "reclaim_notice" and h["lease"] == night_lease for h in received),
                timeout=10, what="the notice at the order's webhook")
     ended_night = lease(night, night_lease)
     assert ended_night["end_reason"] == "idle reclaim"
