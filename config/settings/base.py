@@ -293,7 +293,13 @@ SPECTACULAR_SETTINGS = {"TITLE": "GPU Market API", "VERSION": "1.0.0",
                         "SERVE_INCLUDE_SCHEMA": False, "COMPONENT_SPLIT_REQUEST": True,
                         "SCHEMA_PATH_PREFIX": r"/api/v1",  # operation ids like orders_create, tags like orders
                         "ENUM_NAME_OVERRIDES": {"NodeStatusEnum": "scheduler.models.fleet.Node.Status",
-                                                "WorkloadKindEnum": "marketplace.models.workloads.KIND_CHOICES"}}
+                                                "WorkloadKindEnum": "marketplace.models.workloads.KIND_CHOICES",
+                                                "ModeEnum": "marketplace.models.market.Mode",
+                                                "GroupModeEnum": "marketplace.models.operations.GROUP_MODES",
+                                                "ReclaimNoticeStateEnum":
+                                                    "marketplace.models.operations.ReclaimNotice.State",
+                                                "AutoscaleActionKindEnum":
+                                                    "marketplace.models.operations.AutoscaleAction.Kind"}}
 # A browser form posted without its CSRF token: the console's page, or JSON under /api/ (marketplace/views/errors.py).
 CSRF_FAILURE_VIEW = "marketplace.views.errors.csrf_failure"
 

@@ -8,6 +8,7 @@ from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
 
+from marketplace.models.operations import GROUP_MODES
 from marketplace.models import AutoscaleAction, AutoscaleRule, Mode, ReclaimNotice, ReclaimPolicy
 from marketplace.operations import autoscale, reclaim
 from marketplace.products.orders import ORDER_BOUNDS
@@ -119,7 +120,7 @@ class AutoscaleRuleSerializer(serializers.ModelSerializer):
     template = serializers.SlugField(source="template_key", max_length=40, required=False, allow_blank=True,
                                      allow_null=True, help_text="a key of GET /api/v1/templates/ (empty: the lease "
                                                                 "only holds its slice)")
-    mode = serializers.ChoiceField(choices=[Mode.ON_DEMAND, Mode.SPOT], default=Mode.ON_DEMAND)
+    mode = serializers.ChoiceField(choices=GROUP_MODES, default=Mode.ON_DEMAND)
     gpu_models = serializers.ListField(child=serializers.SlugField(max_length=40), required=False,
                                        max_length=ORDER_BOUNDS["gpu_models"][1])
     regions = serializers.ListField(child=serializers.CharField(max_length=40), required=False,

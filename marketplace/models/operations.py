@@ -13,6 +13,8 @@ from django.db.models import F, Q
 
 from .market import Lease, Mode, Order
 
+# The modes a workload group's leases are ordered in (reserved windows and resale are not scaled).
+GROUP_MODES = [(Mode.ON_DEMAND.value, Mode.ON_DEMAND.label), (Mode.SPOT.value, Mode.SPOT.label)]
 PCT = [MinValueValidator(0), MaxValueValidator(100)]
 DAY_MINUTES = [MinValueValidator(1), MaxValueValidator(1440)]
 
@@ -94,8 +96,7 @@ class AutoscaleRule(models.Model):
     enabled = models.BooleanField(default=True)
     template = models.ForeignKey("marketplace.Template", null=True, blank=True, on_delete=models.PROTECT,
                                  help_text="what each lease runs (empty: the lease only holds its slice)")
-    mode = models.CharField(max_length=10, choices=[(Mode.ON_DEMAND, Mode.ON_DEMAND.label),
-                                                    (Mode.SPOT, Mode.SPOT.label)], default=Mode.ON_DEMAND)
+    mode = models.CharField(max_length=10, choices=GROUP_MODES, default=Mode.ON_DEMAND)
     gpu_models = models.JSONField(default=list, blank=True)
     regions = models.JSONField(default=list, blank=True)
     memory_gb = models.FloatField(default=0, validators=[MinValueValidator(0), MaxValueValidator(1000)])

@@ -93,3 +93,15 @@ def test_someone_elses_rule_and_project_look_missing():
     r = c.post("/api/v1/autoscale-rules/", {"project": project.pk + 100, "name": "x", "scale_in_pct": 90,
                                             "scale_out_pct": 80}, format="json")
     assert r.status_code in (400, 404)
+
+
+def test_a_rule_is_changed_with_patch_and_a_gapless_threshold_pair_is_refused():
+    buyer = UserFactory()
+    project = Project.objects.create(user=buyer, name="p")
+    rule = autoscale.autoscale_rule_save(user=buyer, project_id=project.pk, name="web", template="vllm")
+    c = client_for(buyer)
+    r = c.patch(f"/api/v1/autoscale-rules/{rule.pk}/", {"max_leases": 6, "template": ""}, format="json")
+    assert r.status_code == 200 and r.json()["max_leases"] == 6 and r.json()["template"] is None
+    r = c.patch(f"/api/v1/autoscale-rules/{rule.pk}/", {"scale_in_pct": 95}, format="json")
+    assert r.status_code == 400 and "scale_in_pct" in r.json()["error"]["fields"], r.content
+    assert c.delete(f"/api/v1/autoscale-rules/{rule.pk}/").status_code == 204

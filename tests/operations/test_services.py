@@ -255,3 +255,18 @@ def test_an_autoscaled_lease_is_not_reclaimed_its_rule_ends_it(fleet):
     rollups(lease, lease.started_at - M, t, 1.0)
     reclaim.reclaim_tick(now=t)
     assert not ReclaimNotice.objects.exists()
+
+
+def test_a_mig_slices_utilisation_is_its_gpus_divided_by_its_compute_share(fleet):
+    from marketplace.operations.loads import compute_share, lease_loads
+
+    fleet.node("a100-80gb:1")
+    buyer = UserFactory()
+    top_up(buyer, "100")
+    lease = running(fleet, buyer, gpu_models=["a100-80gb"], memory_gb=10)  # 1g.10gb: 1 of 7 compute slices
+    assert lease.slice.profile == "1g.10gb" and compute_share(lease) == pytest.approx(1 / 7)
+    t = minute_of(lease.started_at) + 3 * M
+    rollups(lease, t - 2 * M, t - M, 10.0)
+    rollups(lease, t - M, t, 50.0)
+    util = lease_loads(leases=[lease], now=t, minutes=2)[str(lease.pk)].util
+    assert util == {t - 2 * M: pytest.approx(70.0), t - M: 100.0}  # capped: no slice is busier than all of it
