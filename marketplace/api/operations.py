@@ -3,7 +3,7 @@ and saved), autoscaling rules, the queue length a workload reports to its rule, 
 need the `trade` scope (they place and end leases for you), reads `read`."""
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import extend_schema, extend_schema_field
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.response import Response
@@ -17,6 +17,12 @@ TRADE = "trade"
 CRUD_ERRORS = {"create": (404, 409), "update": (409,), "partial_update": (409,)}
 
 
+@extend_schema_field({"type": "string", "pattern": r"^([01][0-9]|2[0-3]):[0-5][0-9](:[0-5][0-9])?$",
+                      "example": "22:00"})
+class LocalTimeField(serializers.TimeField):
+    """A wall-clock time of day in the policy's own time zone ("22:00"): no offset, so not OpenAPI's "time"."""
+
+
 class ReclaimPolicySerializer(serializers.ModelSerializer):
     """"End my leases idle below `idle_below_pct`% for `idle_minutes` minutes between `hours_start` and
     `hours_end` (`timezone`), `grace_minutes` after a notice." `project` empty: your default for every lease
@@ -28,6 +34,8 @@ class ReclaimPolicySerializer(serializers.ModelSerializer):
     idle_minutes = serializers.IntegerField(min_value=1, max_value=1440)
     grace_minutes = serializers.IntegerField(min_value=0, max_value=1440, default=10)
     timezone = serializers.CharField(max_length=64, default="UTC", help_text="IANA name, like Europe/Berlin")
+    hours_start = LocalTimeField(help_text="local time the reclaim hours start (equal to the end: all day)")
+    hours_end = LocalTimeField(help_text="local time they end (before the start: past midnight)")
 
     class Meta:
         model = ReclaimPolicy
