@@ -24,6 +24,7 @@ class ReclaimPolicyForm(forms.Form):
     timezone = forms.ChoiceField(label="Time zone", initial="UTC")
     grace_minutes = forms.IntegerField(label="Notice before ending (minutes)", min_value=0, max_value=1440,
                                        initial=10)
+    hold_jobs = forms.BooleanField(label="Hold queued jobs in these hours", required=False, initial=True)
     enabled = forms.BooleanField(label="On", required=False, initial=True)
 
     def __init__(self, *args, projects=(), **kwargs):

@@ -25,8 +25,9 @@ class LocalTimeField(serializers.TimeField):
 
 class ReclaimPolicySerializer(serializers.ModelSerializer):
     """"End my leases idle below `idle_below_pct`% for `idle_minutes` minutes between `hours_start` and
-    `hours_end` (`timezone`), `grace_minutes` after a notice." `project` empty: your default for every lease
-    whose project has no policy of its own."""
+    `hours_end` (`timezone`), `grace_minutes` after a notice; and while the hours run, hold my queued job orders
+    (`hold_jobs`; `holding_until` says until when)." `project` empty: your default for every lease whose project
+    has no policy of its own."""
 
     project = serializers.IntegerField(source="project_id", required=False, allow_null=True,
                                        help_text="one of your projects (empty: your default policy)")
@@ -40,8 +41,8 @@ class ReclaimPolicySerializer(serializers.ModelSerializer):
     class Meta:
         model = ReclaimPolicy
         fields = ["id", "project", "enabled", "idle_below_pct", "idle_minutes", "hours_start", "hours_end",
-                  "timezone", "grace_minutes", "created_at"]
-        read_only_fields = ["id", "created_at"]
+                  "timezone", "grace_minutes", "hold_jobs", "holding_until", "created_at"]
+        read_only_fields = ["id", "holding_until", "created_at"]
 
 
 class ReclaimNoticeSerializer(serializers.ModelSerializer):

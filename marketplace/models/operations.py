@@ -36,6 +36,10 @@ class ReclaimPolicy(models.Model):
     timezone = models.CharField(max_length=64, default="UTC", help_text="IANA name, like Europe/Berlin")
     grace_minutes = models.PositiveIntegerField(default=10, validators=[MaxValueValidator(1440)],
                                                 help_text="between the notice and the end")
+    hold_jobs = models.BooleanField(default=True, help_text="queued job orders wait for the end of the hours")
+    # Set by the beat while the hours run (their end), so the queue (products.orders) holds the jobs until then
+    # without reading time zones; empty outside them, and for a policy of all day (its jobs are not held).
+    holding_until = models.DateTimeField(null=True, blank=True, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

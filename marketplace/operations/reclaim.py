@@ -23,7 +23,7 @@ from marketplace.models import Lease, Project, ReclaimNotice, ReclaimPolicy
 from marketplace.products.accounts.mail import send_after_commit
 from scheduler.errors import Conflict, DomainError, NotFound
 
-from .decide import ReclaimRule, hours_end_after, reclaim_decide
+from .decide import ReclaimRule, hours_end_after, in_hours, reclaim_decide
 from .loads import lease_loads
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ def on_notice(hook: Callable[[ReclaimNotice], None]) -> None:
 # --- policies ----------------------------------------------------------------------------------------------------
 
 POLICY_FIELDS = ("enabled", "idle_below_pct", "idle_minutes", "hours_start", "hours_end", "timezone",
-                 "grace_minutes")
+                 "grace_minutes", "hold_jobs")
 
 
 def _check_policy(fields: dict) -> None:
@@ -73,7 +73,8 @@ def _project(*, user, project_id) -> Project | None:
 def reclaim_policy_save(*, user, project_id=None, policy_id=None, **fields) -> ReclaimPolicy:
     """Create the user's policy for the project (or the default, no project), or update `policy_id`; one policy per
     project and one default (Conflict otherwise)."""
-    defaults = {"enabled": True, "idle_below_pct": 5, "idle_minutes": 30, "grace_minutes": 10, "timezone": "UTC"}
+    defaults = {"enabled": True, "idle_below_pct": 5, "idle_minutes": 30, "grace_minutes": 10, "timezone": "UTC",
+                "hold_jobs": True}
     if policy_id is not None:
         policy = ReclaimPolicy.objects.filter(pk=policy_id, user=user).first()
         if policy is None:
@@ -126,8 +127,10 @@ def reclaim_tick(*, now: datetime | None = None) -> int:
     """Beat: notice, reclaim or cancel per policy and lease. Returns how many leases were reclaimed."""
     now = now or timezone.now()
     reclaimed = 0
+    ReclaimPolicy.objects.filter(enabled=False, holding_until__isnull=False).update(holding_until=None)
     for policy in ReclaimPolicy.objects.filter(enabled=True).select_related("user"):
         rule = _rule(policy)
+        _hold_jobs(policy, now=now)
         leases = _covered_leases(policy)
         pending = {str(n.lease_id): n for n in policy.notices.filter(state=ReclaimNotice.State.PENDING)}
         loads = lease_loads(leases=leases, now=now, minutes=policy.idle_minutes)
@@ -147,6 +150,16 @@ def reclaim_tick(*, now: datetime | None = None) -> int:
     for notice in ReclaimNotice.objects.filter(state=ReclaimNotice.State.PENDING, policy__enabled=False):
         _cancel(notice, "the policy was switched off", now=now)
     return reclaimed
+
+
+def _hold_jobs(policy: ReclaimPolicy, *, now: datetime) -> None:
+    """Inside bounded hours, queued job orders of the policy's scope wait for their end (products.orders reads
+    holding_until); outside them, or for a policy of all day, nothing is held."""
+    until = None
+    if policy.hold_jobs and in_hours(now, start=policy.hours_start, end=policy.hours_end, tz=policy.timezone):
+        until = hours_end_after(now, start=policy.hours_start, end=policy.hours_end, tz=policy.timezone)
+    if until != policy.holding_until:
+        ReclaimPolicy.objects.filter(pk=policy.pk).update(holding_until=until)
 
 
 def _payload(notice: ReclaimNotice, kind: str) -> dict:

@@ -270,3 +270,33 @@ def test_a_mig_slices_utilisation_is_its_gpus_divided_by_its_compute_share(fleet
     rollups(lease, t - M, t, 50.0)
     util = lease_loads(leases=[lease], now=t, minutes=2)[str(lease.pk)].util
     assert util == {t - 2 * M: pytest.approx(70.0), t - M: 100.0}  # capped: no slice is busier than all of it
+
+
+def test_inside_the_reclaim_hours_queued_job_orders_wait_for_their_end(fleet):
+    from marketplace.lifecycle.leases import lease_end
+    from marketplace.products.workloads import WorkloadSpec
+
+    fleet.node("l4:1")
+    buyer = UserFactory()
+    top_up(buyer, "100")
+    blocker = running(fleet, buyer, gpu_models=["l4"])
+    now = blocker.started_at
+    start, end = (now - 30 * M).time(), (now + 90 * M).time()  # UTC hours that hold `now`
+    policy = reclaim.reclaim_policy_save(user=buyer, idle_below_pct=1, idle_minutes=60, hours_start=start,
+                                         hours_end=end)
+    job = orders.order_place(buyer=buyer, now=now, spec=OrderSpec(
+        mode="on_demand", gpu_models=["l4"], if_unavailable="queue",
+        workload=WorkloadSpec(image="docker.io/library/ubuntu:24.04", kind="job")))
+    assert job.state == Order.State.QUEUED
+    reclaim.reclaim_tick(now=now)
+    policy.refresh_from_db()
+    ends = now + 90 * M
+    assert policy.holding_until == ends
+    lease_end(lease_id=blocker.pk, at=now + M)
+    fleet.play()
+    assert orders.orders_retry(now=now + 2 * M) == 0  # free, but held: it is a job, inside the hours
+    job.refresh_from_db()
+    assert job.state == Order.State.QUEUED
+    assert orders.orders_retry(now=ends) == 1  # the hours are over
+    job.refresh_from_db()
+    assert job.state == Order.State.PLACED
