@@ -8,6 +8,8 @@ from marketplace.api.catalog import OfferList
 from marketplace.api.market import (BidViewSet, LeaseViewSet, OrderViewSet, ReservationViewSet,
                                     ResaleListingViewSet, SpotPriceViewSet)
 
+from marketplace.api.operations import (AutoscaleActionViewSet, AutoscaleRuleViewSet, ReclaimNoticeViewSet,
+                                        ReclaimPolicyViewSet)
 from marketplace.api.workloads import SshKeyViewSet, TemplateViewSet
 from marketplace.api.money import (LedgerEntryViewSet, PaymentViewSet, ProjectViewSet, StatementViewSet, TopUpViewSet,
                                    UsageRecordViewSet, WalletViewSet)
@@ -39,6 +41,10 @@ router.register("ssh-keys", SshKeyViewSet, basename="ssh-key")
 router.register("api-keys", ApiKeyViewSet, basename="api-key")
 router.register("alerts", AlertViewSet, basename="alert")
 router.register("alert-rules", AlertRuleViewSet, basename="alert-rule")
+router.register("reclaim-policies", ReclaimPolicyViewSet, basename="reclaim-policy")
+router.register("reclaim-notices", ReclaimNoticeViewSet, basename="reclaim-notice")
+router.register("autoscale-rules", AutoscaleRuleViewSet, basename="autoscale-rule")
+router.register("autoscale-actions", AutoscaleActionViewSet, basename="autoscale-action")
 
 urlpatterns = router.urls
 urlpatterns += [path("offers/", OfferList.as_view(), name="offer-list")]

@@ -5,6 +5,7 @@ from celery import shared_task
 from marketplace import events
 from marketplace.lifecycle import leases
 from marketplace.money import check
+from marketplace.operations import autoscale, reclaim
 from marketplace.products import alerts, orders, payouts, reservations, spot
 
 
@@ -31,6 +32,16 @@ def lease_tick() -> int:
 @shared_task(name="market.reservations_tick")
 def reservations_tick() -> None:
     reservations.reservations_tick()
+
+
+@shared_task(name="market.reclaim")
+def reclaim_idle() -> int:
+    return reclaim.reclaim_tick()
+
+
+@shared_task(name="market.autoscale")
+def autoscale_groups() -> int:
+    return autoscale.autoscale_tick()
 
 
 @shared_task(name=events.DELIVER_WEBHOOK, ignore_result=True)

@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--busy-on-create", type=_share, default=0.0, metavar="SHARE",
                         help="simulated backend: new instances run a workload at about this load (0..1; "
                              "default 0, idle until a set_busy command)")
+    parser.add_argument("--load-file", metavar="PATH",
+                        help="simulated backend: a file read again at every sample that sets the load of what runs "
+                             "on the machine: a share (0.9) or JSON by GPU or MIG instance UUID ({\"*\": 0.1, "
+                             "\"MIG-...\": 0.95}); write it to make a running machine busy or idle (tests, demos)")
     parser.add_argument("--state-file", metavar="PATH",
                         help="simulated backend: keep the machine's MIG instances and simulated containers in this "
                              "file, so that a restarted agent finds them as a real GPU server's would (default: none, "
@@ -129,7 +133,7 @@ def make_backend(args: argparse.Namespace) -> Backend:
         from .backends.simulated import SimulatedBackend
         return SimulatedBackend(args.simulate, hostname=args.hostname, seed=args.seed,
                                 busy_on_create=args.busy_on_create, state=_state_file(args),
-                                create_seconds=args.create_seconds)
+                                create_seconds=args.create_seconds, load_file=args.load_file)
     from .backends.nvml import NvmlBackend
     return NvmlBackend(hostname=args.hostname)
 
@@ -168,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--seed only applies with --simulate")
     if args.busy_on_create and not args.simulate:
         parser.error("--busy-on-create only applies with --simulate")
-    for flag, given in (("--state-file", args.state_file), ("--create-seconds", args.create_seconds)):
+    for flag, given in (("--state-file", args.state_file), ("--create-seconds", args.create_seconds),
+                        ("--load-file", args.load_file)):
         if given and not args.simulate:
             parser.error(f"{flag} only applies with --simulate (a real GPU keeps its instances itself)")
     if args.runtime == "simulated" and not args.simulate:

@@ -66,6 +66,8 @@ LAYERS = [
     ("metering", ["marketplace.metering"]),
     ("lifecycle", ["marketplace.lifecycle"]),
     ("products", ["marketplace.products", "marketplace.selectors"]),
+    # Acting for a buyer through products (idle reclaim, autoscaling: an autoscaling rule places orders).
+    ("operations", ["marketplace.operations"]),
     ("interfaces", ["marketplace"]),  # api/, views/, consumers, tasks, admin, forms, urls, management, apps
 ]
 # Products do not import each other; orders routes an order to its mode's module.

@@ -291,7 +291,13 @@ SPECTACULAR_SETTINGS = {"TITLE": "GPU Market API", "VERSION": "1.0.0",
                         "SERVE_INCLUDE_SCHEMA": False, "COMPONENT_SPLIT_REQUEST": True,
                         "SCHEMA_PATH_PREFIX": r"/api/v1",  # operation ids like orders_create, tags like orders
                         "ENUM_NAME_OVERRIDES": {"NodeStatusEnum": "scheduler.models.fleet.Node.Status",
-                                                "WorkloadKindEnum": "marketplace.models.workloads.KIND_CHOICES"}}
+                                                "WorkloadKindEnum": "marketplace.models.workloads.KIND_CHOICES",
+                                                "ModeEnum": "marketplace.models.market.Mode",
+                                                "GroupModeEnum": "marketplace.models.operations.GROUP_MODES",
+                                                "ReclaimNoticeStateEnum":
+                                                    "marketplace.models.operations.ReclaimNotice.State",
+                                                "AutoscaleActionKindEnum":
+                                                    "marketplace.models.operations.AutoscaleAction.Kind"}}
 # A browser form posted without its CSRF token: the console's page, or JSON under /api/ (marketplace/views/errors.py).
 CSRF_FAILURE_VIEW = "marketplace.views.errors.csrf_failure"
 
@@ -366,6 +372,8 @@ MARKET = {
     "WORKLOAD_STOP_GRACE_SECONDS": env_float("MARKET_WORKLOAD_STOP_GRACE_SECONDS", 10.0, minimum=0, maximum=600),
     "WORKLOAD_LOG_TAIL_BYTES": env_int("MARKET_WORKLOAD_LOG_TAIL_BYTES", 64 * 1024, minimum=1024,
                                        maximum=16 * 1024 * 1024),
+    # How often idle reclaim policies and autoscaling rules are evaluated on the minute rollups (docs/operations.md).
+    "OPERATIONS_SECONDS": env_float("MARKET_OPERATIONS_SECONDS", 30.0, minimum=0.5),
     # How often the ledger is reconciled in production (balances against entries; admin + log on a miss).
     "LEDGER_CHECK_SECONDS": env_float("MARKET_LEDGER_CHECK_SECONDS", 3600.0, minimum=10),
     # Alerts judge whole minutes of metrics (GpuMetricRollup): once a minute is enough (docs/operations.md "Alerts").
@@ -389,6 +397,8 @@ CELERY_BEAT_SCHEDULE = {
     "market-spot-prices": {"task": "market.spot_prices", "schedule": MARKET["SPOT_PRICE_SECONDS"]},
     "market-lease-tick": {"task": "market.lease_tick", "schedule": MARKET["LEASE_TICK_SECONDS"]},
     "market-reservations": {"task": "market.reservations_tick", "schedule": MARKET["LEASE_TICK_SECONDS"]},
+    "market-reclaim": {"task": "market.reclaim", "schedule": MARKET["OPERATIONS_SECONDS"]},
+    "market-autoscale": {"task": "market.autoscale", "schedule": MARKET["OPERATIONS_SECONDS"]},
     "money-ledger-check": {"task": "money.ledger_check", "schedule": MARKET["LEDGER_CHECK_SECONDS"]},
     "money-payouts-resend": {"task": "money.payouts_resend", "schedule": PAYOUT_RESEND_SECONDS},
     "market-alerts": {"task": "market.alerts_evaluate", "schedule": MARKET["ALERTS_SECONDS"]},

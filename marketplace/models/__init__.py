@@ -18,3 +18,6 @@ __all__ += ["Payout"]
 from .alerts import Alert, AlertKind, AlertRule  # noqa: E402
 
 __all__ += ["Alert", "AlertKind", "AlertRule"]
+from .operations import AutoscaleAction, AutoscaleRule, ReclaimNotice, ReclaimPolicy  # noqa: E402
+
+__all__ += ["AutoscaleAction", "AutoscaleRule", "ReclaimNotice", "ReclaimPolicy"]

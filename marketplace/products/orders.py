@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 from decimal import Decimal, InvalidOperation
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from marketplace.amounts import cost, usd, usd_per_hour
@@ -24,7 +25,7 @@ from marketplace.claims.windows import SlicesClaim
 from marketplace.conf import market
 from marketplace.lifecycle.leases import lease_end, lease_interrupt, lease_open
 from marketplace.lifecycle.workloads import workload_create
-from marketplace.models import Lease, Mode, Order, Project, ResaleListing, Reservation, SpotBid
+from marketplace.models import Lease, Mode, Order, Project, ReclaimPolicy, ResaleListing, Reservation, SpotBid
 from marketplace.money import ledger
 from marketplace.notifications import webhook_url_check
 from marketplace.pricing import price_for, reserved_mode, spot_factor_for
@@ -261,13 +262,25 @@ def _open_leases(*, order: Order, slices: list, now: datetime) -> None:
     order.save(update_fields=["state", "placed_at", "price_per_hour", "reasons", "explain", "attempts"])
 
 
+def _held_by_reclaim(now: datetime) -> Q:
+    """Queued job orders an idle reclaim policy holds during its hours (docs/operations.md): their project's policy,
+    or the buyer's default for an order whose project has none. The beat keeps `holding_until` (operations.reclaim),
+    so no time zone is read here."""
+    holding = ReclaimPolicy.objects.filter(enabled=True, hold_jobs=True, holding_until__gt=now)
+    own = ReclaimPolicy.objects.filter(project__isnull=False).values("project_id")
+    by_project = Q(project_id__in=holding.filter(project__isnull=False).values("project_id"))
+    by_default = Q(buyer_id__in=holding.filter(project__isnull=True).values("user_id")) & (
+        Q(project__isnull=True) | ~Q(project_id__in=own))
+    return Q(workload__kind="job") & (by_project | by_default)
+
+
 def orders_retry(*, now: datetime | None = None) -> int:
     """Beat: try the queue again, highest priority first, then oldest first, on one snapshot for the batch
     (built again after each placement). Returns orders placed."""
     now = now or timezone.now()
     placed = 0
-    ids = list(Order.objects.filter(state=Order.State.QUEUED).order_by("-priority", "created_at")
-               .values_list("id", flat=True)[:market("QUEUE_BATCH")])
+    ids = list(Order.objects.filter(state=Order.State.QUEUED).exclude(_held_by_reclaim(now))
+               .order_by("-priority", "created_at").values_list("id", flat=True)[:market("QUEUE_BATCH")])
     base = snapshot.fresh() if ids else None
     for order_id in ids:
         try:

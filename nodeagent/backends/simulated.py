@@ -12,6 +12,9 @@ the simulated driver refuses exactly what the scheduler would never ask for.
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
+import os
 import random
 import socket
 import threading
@@ -31,6 +34,7 @@ from .sim_metrics import GpuMetricState
 SIM_DRIVER_VERSION = "550.54.15"
 SIM_CUDA_VERSION = "12.4"
 FAULTS = ("overheat", "power", "ecc", "xid", "clear")
+log = logging.getLogger(__name__)
 
 
 class SimulateSpecError(ValueError):
@@ -61,6 +65,23 @@ def parse_simulate_spec(text: str) -> list[tuple[str, int]]:
     if total > protocol.MAX_GPUS_PER_NODE:
         raise SimulateSpecError(f"{total} GPUs is more than a node may have ({protocol.MAX_GPUS_PER_NODE})")
     return result
+
+
+def parse_load(text: str) -> dict[str, float]:
+    """A load file's content: one share 0..1 for everything the machine runs ("0.9"), or a JSON object of shares
+    by GPU or MIG instance UUID with "*" for the rest ({"*": 0.1, "MIG-...": 0.95}). ValueError when malformed."""
+    text = text.strip()
+    if not text:
+        raise ValueError("empty load file")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        raise ValueError(f"not a share or a JSON object: {text[:40]!r}") from None
+    loads = value if isinstance(value, dict) else {"*": value}
+    for key, share in loads.items():
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 <= share <= 1.0:
+            raise ValueError(f"the load of {key!r} must be a share 0..1, not {share!r}")
+    return {str(k): float(v) for k, v in loads.items()}
 
 
 @dataclass
@@ -108,14 +129,18 @@ class SimulatedBackend(Backend):
 
     def __init__(self, spec: str | list[tuple[str, int]], *, hostname: str | None = None,
                  seed: int | None = None, busy_on_create: float = 0.0, state: StateFile | None = None,
-                 create_seconds: float = 0.0):
+                 create_seconds: float = 0.0, load_file: str | None = None):
         """`busy_on_create` (0..1) simulates a buyer's workload: a new instance (or a whole GPU taken by
         a lease) runs at about that load instead of idling until `set_busy`. `state`: where the instances are
-        kept across restarts (None: in memory only)."""
+        kept across restarts (None: in memory only). `load_file`: a file read again at every sample that drives
+        the load over time (`parse_load`): a test makes a running machine busy or idle by writing it."""
         if not 0.0 <= busy_on_create <= 1.0:
             raise ValueError(f"busy_on_create must be a share 0..1, not {busy_on_create!r}")
         self.busy_on_create = busy_on_create
         self.state, self.create_seconds = state, create_seconds
+        self.load_file = load_file
+        self._load_seen: tuple | None = None  # (mtime_ns, size) of the load file last read
+        self._loads: dict[str, float] = {}
         models = parse_simulate_spec(spec) if isinstance(spec, str) else list(spec)
         self.hostname = hostname or socket.gethostname()
         self._rng = random.Random(f"{self.hostname}:{seed}" if seed is not None else None)
@@ -221,8 +246,36 @@ class SimulatedBackend(Backend):
             self._persist()
         return {"instance_uuid": instance_uuid, "gpu_uuid": gpu_uuid, "destroyed": True}
 
+    def _read_load_file(self) -> None:
+        """Apply the load file (under the lock): read again when it changed; a missing or malformed file keeps the
+        loads as they were (a test writing it mid-read must not stop the agent)."""
+        try:
+            st = os.stat(self.load_file)
+        except OSError:
+            return
+        if (st.st_mtime_ns, st.st_size) != self._load_seen:
+            try:
+                with open(self.load_file, encoding="utf-8") as f:
+                    self._loads = parse_load(f.read())
+                self._load_seen = (st.st_mtime_ns, st.st_size)
+            except (OSError, ValueError) as exc:
+                log.warning("load file %s ignored: %s", self.load_file, exc)
+                return
+        default = self._loads.get("*")
+        for gpu in self._gpus:
+            if gpu.geometry is None:
+                level = self._loads.get(gpu.uuid, default)
+                if level is not None:
+                    gpu.busy = level
+            for inst in gpu.instances:
+                level = self._loads.get(inst.uuid, self._loads.get(gpu.uuid, default))
+                if level is not None:
+                    inst.busy = level
+
     def sample(self) -> list[dict]:
         with self._lock:
+            if self.load_file:
+                self._read_load_file()
             out = []
             for gpu in self._gpus:
                 load, mem_share = gpu.load()

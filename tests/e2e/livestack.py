@@ -9,8 +9,10 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from marketplace.management import localstripe
@@ -283,3 +285,25 @@ def call_api(base: str, method: str, path: str, body: dict | None = None, *, key
             return err.code, json.loads(raw or b"{}")
         except ValueError:  # not JSON (a proxy's or the server's plain 500 page): kept to be reported
             return err.code, {"raw": raw.decode(errors="replace")[:500]}
+
+
+class _Hook(BaseHTTPRequestHandler):
+    def do_POST(self):  # noqa: N802 (http.server's naming)
+        self.server.received.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
+        self.send_response(204)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+@contextlib.contextmanager
+def webhook_receiver():
+    """A local webhook receiver: yields (its URL, the list of JSON bodies POSTed to it so far)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Hook)
+    server.received = []
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/notices", server.received
+    finally:
+        server.shutdown()

@@ -1,4 +1,6 @@
 """The simulated backend: catalog models, NVIDIA's MIG rules through the backend, metrics, faults."""
+import json
+
 import pytest
 
 from nodeagent import protocol
@@ -296,3 +298,50 @@ def test_the_backend_and_the_runtime_saving_the_same_state_file_at_once_lose_not
     for t in threads:
         t.join()
     assert (StateFile(path).load("instances"), StateFile(path).load("containers")) == (199, 199)
+
+
+def _util_after(backend, samples: int = 40) -> list[float]:
+    for _ in range(samples):  # utilisation follows load with some lag
+        out = backend.sample()
+    return [g["util"] for g in out]
+
+
+def test_a_load_file_written_while_the_machine_runs_drives_its_load_busy_then_idle(tmp_path):
+    from nodeagent.backends.simulated import SimulatedBackend
+
+    load = tmp_path / "load"
+    backend = SimulatedBackend("l4:2", hostname="w", seed=3, load_file=str(load))
+    assert max(_util_after(backend)) < 10  # no file yet: idle
+    load.write_text("0.9")
+    assert min(_util_after(backend)) > 70
+    first = backend.inventory()["gpus"][0]["uuid"]
+    load.write_text(json.dumps({"*": 0.0, first: 0.8}))
+    busy, idle = _util_after(backend)
+    assert busy > 60 and idle < 10
+
+
+def test_a_load_file_sets_the_load_of_each_mig_instance_by_its_uuid(tmp_path):
+    from nodeagent.backends.simulated import SimulatedBackend
+
+    load = tmp_path / "load"
+    backend = SimulatedBackend("h100-80gb:1", hostname="w", seed=3, load_file=str(load))
+    gpu = backend.inventory()["gpus"][0]["uuid"]
+    big = backend.create_instance(gpu, "4g.40gb", 0)["instance_uuid"]
+    backend.create_instance(gpu, "3g.40gb", 4)
+    load.write_text(json.dumps({"*": 0.0, big: 1.0}))
+    (util,) = _util_after(backend)
+    assert 45 < util < 65  # 4 of 7 compute slices busy
+
+
+@pytest.mark.parametrize("text", ["", "busy", "1.5", '{"*": -1}', '{"*": true}'])
+def test_a_malformed_load_file_is_refused_and_the_load_stays_as_it_was(tmp_path, text):
+    from nodeagent.backends.simulated import SimulatedBackend, parse_load
+
+    with pytest.raises(ValueError):
+        parse_load(text)
+    load = tmp_path / "load"
+    load.write_text("1")
+    backend = SimulatedBackend("l4:1", hostname="w", seed=3, load_file=str(load))
+    assert _util_after(backend)[0] > 80
+    load.write_text(text + " ")  # a different size: read again
+    assert _util_after(backend)[0] > 80
