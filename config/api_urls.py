@@ -7,6 +7,7 @@ from marketplace.api.catalog import OfferList
 from marketplace.api.market import (BidViewSet, LeaseViewSet, OrderViewSet, ReservationViewSet,
                                     ResaleListingViewSet, SpotPriceViewSet)
 
+from marketplace.api.tco import TcoView
 from marketplace.api.workloads import SshKeyViewSet, TemplateViewSet
 from marketplace.api.money import (LedgerEntryViewSet, PaymentViewSet, ProjectViewSet, StatementViewSet, TopUpViewSet,
                                    UsageRecordViewSet, WalletViewSet)
@@ -38,4 +39,4 @@ router.register("ssh-keys", SshKeyViewSet, basename="ssh-key")
 router.register("api-keys", ApiKeyViewSet, basename="api-key")
 
 urlpatterns = router.urls
-urlpatterns += [path("offers/", OfferList.as_view(), name="offer-list")]
+urlpatterns += [path("offers/", OfferList.as_view(), name="offer-list"), path("tco/", TcoView.as_view(), name="tco")]
