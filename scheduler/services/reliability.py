@@ -22,6 +22,7 @@ log = logging.getLogger(__name__)
 PROVISIONING_OPS = ("create_instance", "destroy_instance")
 UP_KINDS, DOWN_KINDS = ("online", "connected"), ("offline",)
 FAILED_COMMAND_STATES = (AgentCommand.State.FAILED, AgentCommand.State.TIMED_OUT)
+CHUNK = 500
 
 
 def config() -> core.Config:
@@ -122,20 +123,24 @@ def reliability_recompute(*, node_ids: list | None = None, now: datetime | None 
     now = now or timezone.now()
     if node_ids is None:
         node_ids = list(Node.objects.exclude(status=Node.Status.DELETED).values_list("pk", flat=True))
+    if len(node_ids) > CHUNK:  # a few queries per chunk of nodes, whatever the fleet's size
+        return sum(reliability_recompute(node_ids=node_ids[i:i + CHUNK], now=now)
+                   for i in range(0, len(node_ids), CHUNK))
     if not node_ids:
         return 0
     cfg = config()
     by_node, by_gpu = node_evidence(node_ids=node_ids, now=now)
-    gpu_node = dict(Gpu.objects.filter(pk__in=list(by_gpu)).values_list("pk", "node_id"))
+    nodes, gpus = [], []
+    for key, ev in by_node.items():
+        s = core.score(ev, cfg)
+        nodes.append(Node(pk=key, reliability=s.score, reliability_detail=s.to_dict(), reliability_at=now))
+    for pk, ev in by_gpu.items():
+        s = core.score(ev, cfg)
+        gpus.append(Gpu(pk=pk, reliability=s.score, reliability_detail=s.to_dict()))
+    # Only the score's own columns are written: a concurrent status or health change is not overwritten.
     with transaction.atomic():
-        for key, ev in by_node.items():
-            s = core.score(ev, cfg)
-            Node.objects.filter(pk=key).update(reliability=s.score, reliability_detail=s.to_dict(),
-                                               reliability_at=now)
-        for pk, ev in by_gpu.items():
-            s = core.score(ev, cfg)
-            Gpu.objects.filter(pk=pk, node_id=gpu_node[pk]).update(reliability=s.score,
-                                                                   reliability_detail=s.to_dict())
+        Node.objects.bulk_update(nodes, ["reliability", "reliability_detail", "reliability_at"], batch_size=500)
+        Gpu.objects.bulk_update(gpus, ["reliability", "reliability_detail"], batch_size=500)
     return len(by_node)
 
 

@@ -137,3 +137,15 @@ def test_the_catalogs_reliability_filter_reads_each_gpus_own_score(fleet):
     offers = catalog.offer_list(filters=catalog.Filters(gpu_model="l4", min_reliability=0.95))
     assert [o.gpus for o in offers] == [1]
     assert offers[0].reliability == 1.0
+
+
+def test_the_beat_scores_every_node_in_chunks_with_a_fixed_number_of_queries(fleet, monkeypatch,
+                                                                              django_assert_max_num_queries):
+    from scheduler.services import reliability
+    for _ in range(3):
+        fleet.node("l4:2")
+    monkeypatch.setattr(reliability, "CHUNK", 2)
+    with django_assert_max_num_queries(30):
+        assert reliability.reliability_recompute() == 3
+    assert Node.objects.filter(reliability_at__isnull=False).count() == 3
+    assert Gpu.objects.filter(reliability=1.0).count() == 6
