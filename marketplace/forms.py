@@ -341,6 +341,8 @@ class TcoForm(forms.Form):
 
     gpu_model = forms.ChoiceField(label="GPU model", required=False)
     gpus = forms.IntegerField(label="GPUs", min_value=1, max_value=10_000, required=False)
+    pu_needed = _tco_decimal("Or performance units needed", low="0.1", high=10**6, places=1,
+                             help_text="sets the GPUs: whole GPUs of the model, rounded up")
     hours_per_day = _tco_decimal("Hours a day", low="0.01", high=24)
     days = forms.IntegerField(label="Days", min_value=1, max_value=3650, required=False)
     utilisation = _tco_decimal("Expected utilisation (0–1)", low="0.01", high=1, places=4,

@@ -26,6 +26,10 @@ class TcoInputSerializer(serializers.Serializer):
 
     gpu_model = serializers.ChoiceField(choices=sorted(GPU_MODELS), required=False)
     gpus = serializers.IntegerField(min_value=1, max_value=10_000, required=False)
+    pu_needed = serializers.DecimalField(max_digits=10, decimal_places=1, min_value=Decimal("0.1"), max_value=10**6,
+                                         required=False, allow_null=True,
+                                         help_text="performance units the work needs: sets `gpus` (whole GPUs of "
+                                                   "the model, rounded up)")
     hours_per_day = serializers.DecimalField(max_digits=6, decimal_places=2, min_value=Decimal("0.01"), max_value=24,
                                              required=False)
     days = serializers.IntegerField(min_value=1, max_value=3650, required=False)
@@ -56,8 +60,8 @@ class TcoInputsUsedSerializer(TcoInputSerializer):
 
     def get_fields(self):
         fields = super().get_fields()
-        for f in fields.values():
-            f.required = True
+        for name, f in fields.items():
+            f.required = name != "pu_needed"
         return fields
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from decimal import Decimal
+from decimal import ROUND_CEILING, Decimal
 
 from django.db.models import Avg, Count, Q
 from django.utils import timezone
@@ -26,6 +26,7 @@ from marketplace.amounts import cents, micro
 from marketplace.models import Interruption, Lease
 from marketplace.pricing import price_for, spot_factor_for
 from nodeagent.hardware.gpus import GPU_MODELS
+from scheduler.core import perf
 from scheduler.errors import DomainError
 from scheduler.models import GpuMetricRollup, Node
 
@@ -234,12 +235,20 @@ def tco_defaults(*, buyer=None, gpu_model: str | None = None, now: datetime | No
         "spot_interruptions_per_hour": _interruptions_per_hour(model=model, since=since, now=now),
         "rework_hours_per_interruption": DEFAULTS["rework_hours"],
         "mix_reserved_share": Decimal("0.5"), "mix_spot_share": Decimal("0.25"),
-        "from_your_leases": bool(usage),
+        "from_your_leases": bool(usage), "pu_needed": None,
     }
 
 
+def gpus_for_pu(*, gpu_model: str, pu_needed) -> int:
+    """How many whole GPUs of `gpu_model` deliver `pu_needed` performance units (docs/performance-units.md)."""
+    per_gpu = Decimal(str(perf.gpu_pu(GPU_MODELS[gpu_model])))
+    return max(1, int((Decimal(pu_needed) / per_gpu).to_integral_value(rounding=ROUND_CEILING)))
+
+
 def tco_for(values: dict) -> tuple[Plan, list[Option]]:
-    """The calculation on a full set of inputs (tco_defaults' keys)."""
+    """The calculation on a full set of inputs (tco_defaults' keys); a `pu_needed` sets the GPUs (gpus_for_pu)."""
+    if values.get("pu_needed"):
+        values["gpus"] = gpus_for_pu(gpu_model=values["gpu_model"], pu_needed=values["pu_needed"])
     plan = Plan(gpus=int(values["gpus"]), hours_per_day=Decimal(values["hours_per_day"]), days=int(values["days"]),
                 utilisation=Decimal(values["utilisation"]))
     purchase = Purchase(**{k: values[k] for k in ("hardware_price_per_gpu", "depreciation_months",

@@ -172,3 +172,24 @@ def test_a_read_only_api_key_may_use_the_calculator():
     r = c.post("/api/v1/tco/", {"gpu_model": "l4"}, format="json", HTTP_AUTHORIZATION=f"Bearer {secret}")
     assert r.status_code == 200, r.content
     assert isinstance(key, ApiKey)
+
+
+@pytest.mark.django_db
+def test_a_performance_unit_need_sets_the_gpus_rounded_up():
+    from nodeagent.hardware.gpus import GPU_MODELS
+    from scheduler.core import perf
+    per_gpu = perf.gpu_pu(GPU_MODELS["h100-80gb"])
+    assert tco.gpus_for_pu(gpu_model="h100-80gb", pu_needed=D(str(per_gpu * 3))) == 3
+    assert tco.gpus_for_pu(gpu_model="h100-80gb", pu_needed=D(str(per_gpu * 3 + 0.1))) == 4
+    values = {**tco.tco_defaults(gpu_model="h100-80gb"), "pu_needed": D(str(per_gpu * 2))}
+    plan, _ = tco.tco_for(values)
+    assert plan.gpus == 2
+
+
+@pytest.mark.django_db
+def test_the_api_takes_a_performance_unit_need_instead_of_gpus():
+    c = APIClient()
+    c.force_authenticate(UserFactory())
+    r = c.post("/api/v1/tco/", {"gpu_model": "l4", "pu_needed": "1000"}, format="json")
+    assert r.status_code == 200, r.content
+    assert r.json()["inputs"]["gpus"] == tco.gpus_for_pu(gpu_model="l4", pu_needed=D(1000))
