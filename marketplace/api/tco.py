@@ -13,6 +13,9 @@ from marketplace.products import tco as tco_services
 from nodeagent.hardware.gpus import GPU_MODELS
 
 
+OPTION_NAMES = ["buy", "on_demand", "reserved", "spot", "mix"]  # the ways to run a plan (TcoOptionEnum in the schema)
+
+
 def _money(**kw):
     return serializers.DecimalField(max_digits=14, decimal_places=6, min_value=0, max_value=10**7, **kw)
 
@@ -66,7 +69,7 @@ class TcoInputsUsedSerializer(TcoInputSerializer):
 
 
 class TcoOptionSerializer(serializers.Serializer):
-    name = serializers.ChoiceField(choices=["buy", "on_demand", "reserved", "spot", "mix"])
+    name = serializers.ChoiceField(choices=OPTION_NAMES)
     lines = serializers.DictField(child=serializers.DecimalField(max_digits=16, decimal_places=2),
                                   help_text="cost line -> USD")
     total = serializers.DecimalField(max_digits=16, decimal_places=2)
@@ -79,7 +82,7 @@ class TcoOptionSerializer(serializers.Serializer):
 class TcoResultSerializer(serializers.Serializer):
     inputs = TcoInputsUsedSerializer()
     options = TcoOptionSerializer(many=True)
-    cheapest = serializers.ChoiceField(choices=["buy", "on_demand", "reserved", "spot", "mix"])
+    cheapest = serializers.ChoiceField(choices=OPTION_NAMES)
 
 
 def tco_result(*, user, data: dict) -> dict:
