@@ -10,6 +10,7 @@ from marketplace.api.market import (BidViewSet, LeaseViewSet, OrderViewSet, Rese
 
 from marketplace.api.operations import (AutoscaleActionViewSet, AutoscaleRuleViewSet, ReclaimNoticeViewSet,
                                         ReclaimPolicyViewSet)
+from marketplace.api.tco import TcoView
 from marketplace.api.workloads import SshKeyViewSet, TemplateViewSet
 from marketplace.api.money import (LedgerEntryViewSet, PaymentViewSet, ProjectViewSet, StatementViewSet, TopUpViewSet,
                                    UsageRecordViewSet, WalletViewSet)
@@ -47,4 +48,4 @@ router.register("autoscale-rules", AutoscaleRuleViewSet, basename="autoscale-rul
 router.register("autoscale-actions", AutoscaleActionViewSet, basename="autoscale-action")
 
 urlpatterns = router.urls
-urlpatterns += [path("offers/", OfferList.as_view(), name="offer-list")]
+urlpatterns += [path("offers/", OfferList.as_view(), name="offer-list"), path("tco/", TcoView.as_view(), name="tco")]

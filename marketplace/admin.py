@@ -157,6 +157,19 @@ class UsageRecordAdmin(ReadOnlyAdmin):
     date_hierarchy = "minute"
 
 
+from marketplace.models import LeaseFailureReport  # noqa: E402
+
+
+@admin.register(LeaseFailureReport)
+class LeaseFailureReportAdmin(ReadOnlyAdmin):
+    """Buyers' reports of failed leases: they count against the node's and GPU's reliability score."""
+
+    list_display = ["created_at", "lease", "reason", "node_id", "gpu_id", "note"]
+    list_filter = ["reason"]
+    search_fields = ["=lease__id", "=node_id", "note"]
+    date_hierarchy = "created_at"
+
+
 # --- Provider payouts: operators approve (the transfer follows) or reject requests; nothing is edited by hand. ---
 from django.template.response import TemplateResponse  # noqa: E402
 

@@ -7,6 +7,7 @@ from decimal import Decimal
 from django import forms
 from django.core.validators import MaxValueValidator
 
+from marketplace.models import LeaseFailureReport
 from marketplace.products.apikeys import SCOPE_SAID
 from marketplace.products.catalog import SORTS
 from marketplace.products.orders import ORDER_BOUNDS, max_duration_seconds
@@ -358,3 +359,45 @@ class AlertRuleForm(forms.Form):
 
     def params_for(self, kind: str) -> dict:
         return {name: self.cleaned_data[name] for name in self.PARAMS[kind] if self.cleaned_data.get(name) is not None}
+def _tco_decimal(label: str, *, low, high, places: int = 2, help_text: str = "") -> forms.DecimalField:
+    return forms.DecimalField(label=label, min_value=Decimal(str(low)), max_value=Decimal(str(high)), max_digits=14,
+                              decimal_places=places, required=False, help_text=help_text)
+
+
+class TcoForm(forms.Form):
+    """The TCO calculator's inputs (marketplace/products/tco.py); each left empty takes its default."""
+
+    gpu_model = forms.ChoiceField(label="GPU model", required=False)
+    gpus = forms.IntegerField(label="GPUs", min_value=1, max_value=10_000, required=False)
+    pu_needed = _tco_decimal("Or performance units needed", low="0.1", high=10**6, places=1,
+                             help_text="sets the GPUs: whole GPUs of the model, rounded up")
+    hours_per_day = _tco_decimal("Hours a day", low="0.01", high=24)
+    days = forms.IntegerField(label="Days", min_value=1, max_value=3650, required=False)
+    utilisation = _tco_decimal("Expected utilisation (0–1)", low="0.01", high=1, places=4,
+                               help_text="the share of the hours used that do useful work")
+    hardware_price_per_gpu = _tco_decimal("Hardware price per GPU ($)", low=0, high=10**7)
+    depreciation_months = forms.IntegerField(label="Depreciation (months)", min_value=1, max_value=240, required=False)
+    power_watts_per_gpu = _tco_decimal("Power per GPU (W)", low=0, high=10_000, places=1)
+    pue = _tco_decimal("PUE", low=1, high=5)
+    usd_per_kwh = _tco_decimal("Electricity ($/kWh)", low=0, high=10, places=4)
+    hosting_per_gpu_month = _tco_decimal("Hosting per GPU-month ($)", low=0, high=10**7)
+    on_demand_per_gpu_hour = _tco_decimal("On demand ($/GPU-h)", low=0, high=10**7, places=6)
+    reserved_per_gpu_hour = _tco_decimal("Reserved ($/GPU-h)", low=0, high=10**7, places=6)
+    spot_per_gpu_hour = _tco_decimal("Spot ($/GPU-h)", low=0, high=10**7, places=6)
+    spot_interruptions_per_hour = _tco_decimal("Spot interruptions per hour", low=0, high=100, places=4,
+                                               help_text="default: this model's measured rate, last 30 days")
+    rework_hours_per_interruption = _tco_decimal("Hours of work lost per interruption", low=0, high=100)
+    mix_reserved_share = _tco_decimal("Mix: reserved share (0–1)", low=0, high=1, places=4)
+    mix_spot_share = _tco_decimal("Mix: spot share (0–1)", low=0, high=1, places=4)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["gpu_model"].choices = model_choices(blank="your most used (else A100-80GB)")
+
+
+class LeaseFailureReportForm(forms.Form):
+    """A buyer's report that its lease failed on the provider's side (it counts against the node's reliability)."""
+
+    reason = forms.ChoiceField(label="What went wrong", choices=LeaseFailureReport.Reason.choices)
+    note = forms.CharField(label="Details (optional)", max_length=500, required=False,
+                           widget=forms.Textarea(attrs={"rows": 2}))

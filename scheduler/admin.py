@@ -1,4 +1,6 @@
+from django.conf import settings
 from django.contrib import admin, messages
+from django.template.loader import render_to_string
 
 from scheduler.errors import DomainError
 
@@ -40,10 +42,18 @@ class NodeAdmin(admin.ModelAdmin):
     list_filter = ["status", "drain_requested", "region", "backend"]
     search_fields = ["name", "hostname", "provider__username", "id"]
     readonly_fields = ["id", "token_prefix", "hostname", "driver_version", "cuda_version", "agent_version", "backend",
-                       "drain_requested", "last_heartbeat", "connected_at", "created_at"]
+                       "drain_requested", "last_heartbeat", "connected_at", "created_at", "reliability",
+                       "reliability_breakdown"]
     exclude = ["token_hash"]
     inlines = [GpuInline]
     actions = ["drain", "undrain"]
+
+    @admin.display(description="Reliability, taken apart")
+    def reliability_breakdown(self, obj):
+        """The same formula, components and events the provider sees on the node's console page."""
+        return render_to_string("console/_reliability.html", {
+            "node": obj, "detail": obj.reliability_detail, "window_days": settings.RELIABILITY["WINDOW_DAYS"],
+            "gpus": list(obj.gpus.filter(present=True).order_by("index"))})
 
     @admin.display(description="GPUs")
     def gpu_total(self, obj):

@@ -18,6 +18,22 @@ from scheduler.services.nodes import MAX_NAME, NODE_SETTINGS_BOUNDS
 FLEET_SCOPE = "provide"
 
 
+class ReliabilityComponentSerializer(serializers.Serializer):
+    name = serializers.CharField(help_text="uptime, provisioning, health, interruptions or buyer_reports")
+    value = serializers.FloatField(help_text="0..1; 1: nothing went wrong")
+    weight = serializers.FloatField(help_text="its share of the score (the weights sum to 1)")
+    contribution = serializers.FloatField(help_text="value × weight")
+    events = serializers.DictField(help_text="the recorded events behind the value (counts, seconds)")
+
+
+class ReliabilityDetailSerializer(serializers.Serializer):
+    """The reliability score taken apart (docs/operations.md "Reliability score"); empty until first scored."""
+
+    score = serializers.FloatField(required=False)
+    formula = serializers.CharField(required=False)
+    components = ReliabilityComponentSerializer(many=True, required=False)
+
+
 class NodeSerializer(serializers.ModelSerializer):
     gpu_count = serializers.IntegerField(read_only=True)
     cordoned_count = serializers.IntegerField(read_only=True)
@@ -25,13 +41,15 @@ class NodeSerializer(serializers.ModelSerializer):
                                             help_text="image reference prefixes buyers may run here (empty: any)")
     drained_by = serializers.ChoiceField(choices=["provider", "operator"], allow_blank=True, read_only=True,
                                          help_text="who drained it; empty while it takes work")
+    reliability_detail = ReliabilityDetailSerializer(read_only=True)
 
     class Meta:
         model = Node
         fields = ["id", "name", "region", "status", "hostname", "driver_version", "cuda_version", "agent_version",
                   "backend", "runtime", "price_per_gpu_hour", "reliability", "last_heartbeat", "token_prefix",
                   "gpu_count", "cordoned_count", "public_address", "port_range_start", "port_range_end",
-                  "cpus_per_gpu", "ram_gb_per_gpu", "image_allowlist", "drained_by", "created_at"]
+                  "cpus_per_gpu", "ram_gb_per_gpu", "image_allowlist", "drained_by", "created_at",
+                  "reliability_detail", "reliability_at"]
         read_only_fields = fields
 
 
@@ -103,11 +121,12 @@ class GpuSerializer(serializers.ModelSerializer):
     latest = serializers.SerializerMethodField()
     cordoned_by = serializers.ChoiceField(choices=Gpu.CordonedBy.choices, allow_blank=True, read_only=True,
                                           help_text="who cordoned it; empty while it is in service")
+    reliability_detail = ReliabilityDetailSerializer(read_only=True)
 
     class Meta:
         model = Gpu
         fields = ["uuid", "node", "index", "name", "model", "memory_mib", "mig_enabled", "mig_geometry", "health",
-                  "health_reason", "cordoned_by", "latest"]
+                  "health_reason", "cordoned_by", "latest", "reliability", "reliability_detail"]
         read_only_fields = fields
 
     @extend_schema_field(LatestSerializer(allow_null=True))

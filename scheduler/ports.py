@@ -52,6 +52,10 @@ class MarketPort(Protocol):
     def command_finished(self, *, command) -> None:
         """A command that is not about a slice (a workload's start or stop) was answered or timed out."""
 
+    def lease_record(self, *, node_ids: list, since: datetime) -> dict:
+        """For the reliability score: {(node id str, gpu pk): (leases hosted, leases the node took down, leases its
+        buyers reported as failed)} for leases created since `since` on those nodes."""
+
 
 class _NoMarket:
     def slice_ready(self, *, sl, at): return None
@@ -65,6 +69,7 @@ class _NoMarket:
     def workload_output(self, *, node_id, frame): return None
     def workloads_found(self, *, node_id, found): return None
     def command_finished(self, *, command): return None
+    def lease_record(self, *, node_ids, since): return {}
 
 
 _market: MarketPort = _NoMarket()

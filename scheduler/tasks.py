@@ -3,6 +3,7 @@ from celery import shared_task
 
 from scheduler.services import commands as command_services
 from scheduler.services import nodes as node_services
+from scheduler.services import reliability as reliability_services
 
 
 @shared_task(name="fleet.mark_silent_nodes_offline")
@@ -15,3 +16,8 @@ def mark_silent_nodes_offline() -> int:
 @shared_task(name="fleet.expire_commands")
 def expire_commands() -> int:
     return command_services.commands_expire()
+
+
+@shared_task(name="fleet.reliability")
+def reliability() -> int:
+    return reliability_services.reliability_recompute()

@@ -260,6 +260,15 @@ if FLEET["AGENT_METRICS_RATE"] * FLEET["METRICS_INTERVAL_SECONDS"] < 1.5:
                                   f"(needs at least 1.5 frames per interval)")
 
 # --- REST API ----------------------------------------------------------------------------------
+# The reliability score (docs/operations.md "Reliability score"): the weight of each component and the penalty of
+# each health event ("xid:<code>" overrides "xid"); what is left out takes scheduler.core.reliability's default.
+RELIABILITY = {
+    "WEIGHTS": {"uptime": 0.30, "provisioning": 0.15, "health": 0.25, "interruptions": 0.15, "buyer_reports": 0.15},
+    "PENALTIES": {},
+    "WINDOW_DAYS": env_int("RELIABILITY_WINDOW_DAYS", 30, minimum=1, maximum=365),
+    "RECOMPUTE_SECONDS": env_float("RELIABILITY_RECOMPUTE_SECONDS", 300.0, minimum=10),
+}
+
 REST_FRAMEWORK = {
     # Writes are one JSON object everywhere (anything else is a 400 or a 415 in the one error shape).
     "DEFAULT_PARSER_CLASSES": ["marketplace.api.json_only.JSONObjectParser"],
@@ -297,7 +306,9 @@ SPECTACULAR_SETTINGS = {"TITLE": "GPU Market API", "VERSION": "1.0.0",
                                                 "ReclaimNoticeStateEnum":
                                                     "marketplace.models.operations.ReclaimNotice.State",
                                                 "AutoscaleActionKindEnum":
-                                                    "marketplace.models.operations.AutoscaleAction.Kind"}}
+                                                    "marketplace.models.operations.AutoscaleAction.Kind",
+                                                "TcoOptionEnum": "marketplace.api.tco.OPTION_NAMES"}}
+
 # A browser form posted without its CSRF token: the console's page, or JSON under /api/ (marketplace/views/errors.py).
 CSRF_FAILURE_VIEW = "marketplace.views.errors.csrf_failure"
 
@@ -392,6 +403,7 @@ LOGGING = {
 CELERY_BEAT_SCHEDULE = {
     "fleet-offline": {"task": "fleet.mark_silent_nodes_offline", "schedule": FLEET["OFFLINE_CHECK_SECONDS"]},
     "fleet-expire-commands": {"task": "fleet.expire_commands", "schedule": 5.0},
+    "fleet-reliability": {"task": "fleet.reliability", "schedule": RELIABILITY["RECOMPUTE_SECONDS"]},
     "market-meter": {"task": "market.meter", "schedule": MARKET["METER_SECONDS"]},
     "market-retry-queue": {"task": "market.retry_queue", "schedule": MARKET["QUEUE_SECONDS"]},
     "market-spot-prices": {"task": "market.spot_prices", "schedule": MARKET["SPOT_PRICE_SECONDS"]},

@@ -15,7 +15,8 @@ from marketplace.api.workloads import (LOGS_SCHEMA, WorkloadCreateSerializer, Wo
 from marketplace import metering, selectors
 from marketplace.amounts import micro
 from marketplace.lifecycle import leases as lease_services
-from marketplace.models import Lease, Mode, Order, ResaleListing, Reservation, SpotBid, SpotPrice
+from marketplace.lifecycle.reliability import lease_failure_report
+from marketplace.models import Lease, LeaseFailureReport, Mode, Order, ResaleListing, Reservation, SpotBid, SpotPrice
 from marketplace.products import (orders as order_services, reservations as reservation_services,
                                   resale as resale_services)
 from marketplace.products.orders import ORDER_BOUNDS, OrderSpec
@@ -197,6 +198,18 @@ class LeaseSerializer(serializers.ModelSerializer):
                 "notice_seconds": i.notice_seconds, "credited": str(i.credited)}
 
 
+class FailureReportCreateSerializer(serializers.Serializer):
+    reason = serializers.ChoiceField(choices=LeaseFailureReport.Reason.choices)
+    note = serializers.CharField(max_length=500, required=False, allow_blank=True, default="")
+
+
+class FailureReportSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = LeaseFailureReport
+        fields = ["lease", "reason", "note", "created_at"]
+        read_only_fields = fields
+
+
 class ReservationSerializer(serializers.ModelSerializer):
     gpu_model = serializers.CharField(source="gpu.gpu_model.key", default=None, allow_null=True)
     gpu = serializers.CharField(source="gpu.uuid")
@@ -291,10 +304,21 @@ class LeaseViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     queryset = Lease.objects.none()
     filter_serializer = LeaseFilterSerializer
     write_scope = MARKET_SCOPE
-    error_statuses = {"end": (409,)}
+    error_statuses = {"end": (409,), "report_failure": (409,)}
 
     def get_queryset(self):
         return selectors.lease_list(user=self.request.user)
+
+    @extend_schema(request=FailureReportCreateSerializer, responses={201: FailureReportSerializer},
+                   description="Report that the lease failed on the provider's side (once per lease): it counts "
+                               "against the node's and the GPU's reliability score (docs/operations.md). 409: "
+                               "`already_reported`, `lease_not_started`.")
+    @action(detail=True, methods=["post"], url_path="report-failure")
+    def report_failure(self, request, pk=None):
+        data = FailureReportCreateSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        report = lease_failure_report(buyer=request.user, lease_id=self.get_object().pk, **data.validated_data)
+        return Response(FailureReportSerializer(report).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(request=None, responses=LeaseSerializer)
     @action(detail=True, methods=["post"])

@@ -9,7 +9,7 @@ from django.utils import timezone
 
 from marketplace.models import Lease, ProviderProfile, Reservation
 
-from . import leases
+from . import leases, reliability
 
 
 class FleetFacts:
@@ -36,6 +36,9 @@ class FleetFacts:
 
     def command_finished(self, *, command) -> None:
         leases.workload_command_finished(command=command)
+
+    def lease_record(self, *, node_ids: list, since: datetime) -> dict:
+        return reliability.lease_record(node_ids=node_ids, since=since)
 
     def slice_holder(self, *, sl) -> str | None:
         lease = Lease.objects.filter(slice=sl, state__in=Lease.OPEN_STATES).only("pk", "state").first()

@@ -5,10 +5,10 @@ from .billing import (Account, LedgerCheck, LedgerEntry, LedgerTransaction, Paym
 
 __all__ = ["AccountSecurity", "ApiKey", "NotificationSettings", "ProviderProfile"]
 __all__ += ["Account", "LedgerCheck", "LedgerEntry", "LedgerTransaction", "Payment", "Project", "StripeEvent", "UsageRecord"]
-from .market import (Interruption, Lease, Mode, Order, Reservation, ResaleListing, SpotBid,  # noqa: E402
+from .market import (Interruption, Lease, LeaseFailureReport, Mode, Order, Reservation, ResaleListing, SpotBid,  # noqa: E402
                      SpotPrice)
 
-__all__ += ["Interruption", "Lease", "Mode", "Order", "Reservation", "ResaleListing", "SpotBid", "SpotPrice"]
+__all__ += ["Interruption", "Lease", "LeaseFailureReport", "Mode", "Order", "Reservation", "ResaleListing", "SpotBid", "SpotPrice"]
 from .workloads import PortBinding, SshKey, Template, Workload, WorkloadRun  # noqa: E402
 
 __all__ += ["PortBinding", "SshKey", "Template", "Workload", "WorkloadRun"]

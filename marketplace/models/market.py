@@ -253,6 +253,33 @@ class ResaleListing(models.Model):
         ]
 
 
+class LeaseFailureReport(models.Model):
+    """A buyer saying its lease failed on the provider's side: one report per lease; it counts against the node's
+    and GPU's reliability score (buyer_reports component)."""
+
+    class Reason(models.TextChoices):
+        WOULD_NOT_START = "would_not_start", "the workload would not start"
+        GPU_ERROR = "gpu_error", "GPU errors (XID, ECC, CUDA errors)"
+        SLOW = "slow", "far slower than the unit promises"
+        UNREACHABLE = "unreachable", "the node could not be reached"
+        CRASHED = "crashed", "the lease ended or crashed on its own"
+        OTHER = "other", "something else"
+
+    lease = models.OneToOneField(Lease, related_name="failure_report", on_delete=models.CASCADE)
+    reason = models.CharField(max_length=20, choices=Reason.choices)
+    note = models.CharField(max_length=500, blank=True)
+    # Copied from the lease's slice so the score's gatherer reads reports per node and GPU without the joins.
+    node_id = models.UUIDField(db_index=True)
+    gpu_id = models.BigIntegerField()
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self) -> str:
+        return f"failure report on lease {str(self.lease_id)[:8]}: {self.get_reason_display()}"
+
+
 class Interruption(models.Model):
     """A spot lease taken back: why, how much notice it got, and any credit for a short notice."""
 

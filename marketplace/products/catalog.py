@@ -1,7 +1,7 @@
 """The catalog: offers (units) = GPU model × slice profile (or whole GPU) × region, aggregated from online
 nodes' schedulable GPUs with the geometry their agents reported. Each offer carries how many could be placed
 now, performance units, the price of each mode (DESIGN §5), $ per PU-hour, reliability and its spot
-interruption history. Node-level filters (CUDA, region, reliability) apply before aggregation, so an offer's
+interruption history. Node-level filters (CUDA, region) and the GPU's own reliability apply before aggregation, so an offer's
 availability and prices count only the nodes that pass them. It reads the shared pool snapshot
 (claims/snapshot.py, at most SNAPSHOT_TTL_SECONDS old) and prices through pricing.price_for: a handful of
 queries whatever the fleet size, none at all while the snapshot is fresh but the listings and interruptions.
@@ -126,6 +126,9 @@ def _aggregate(snap, filters: Filters) -> dict[tuple, Offer]:
         node, gpu = snap.nodes[rec.node.id], rec.gpu
         if gpu.health == "cordoned" or not _node_passes(filters, node, rec.node.cuda_version):
             continue
+        reliability = node.reliability if gpu.reliability is None else gpu.reliability
+        if filters.min_reliability is not None and reliability + 1e-9 < filters.min_reliability:
+            continue  # the GPU's own score (a node's GPUs differ: one threw XIDs, the others did not)
         spec = GPU_MODELS[gpu.model]
         if filters.min_compute_capability and version_tuple(spec.compute_capability) < version_tuple(
                 filters.min_compute_capability):
@@ -152,7 +155,7 @@ def _aggregate(snap, filters: Filters) -> dict[tuple, Offer]:
                                         compute_slices=prof.compute_slices if prof else None)
             o.availability += free
             o.gpus += 1
-            o._rel.append(node.reliability)
+            o._rel.append(reliability)
             o.cuda_version = max(o.cuda_version, node.cuda_version or "", key=lambda v: version_tuple(v or "0"))
             _price_node(o, node=node, geometry=gpu.geometry, profile=prof.name if prof else None,
                         available=free > 0)
@@ -161,8 +164,6 @@ def _aggregate(snap, filters: Filters) -> dict[tuple, Offer]:
 
 def _node_passes(f: Filters, node, cuda: str) -> bool:
     if f.region and node.region != f.region:
-        return False
-    if f.min_reliability is not None and node.reliability + 1e-9 < f.min_reliability:
         return False
     if f.min_cuda and version_tuple(cuda or "0") < version_tuple(f.min_cuda):
         return False

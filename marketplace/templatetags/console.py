@@ -14,7 +14,7 @@ register = template.Library()
 NAV = [("catalog", "Catalog", "console:catalog"), ("leases", "My leases", "console:leases"),
        ("reservations", "Reservations", "console:reservations"), ("resale", "Resale", "console:resale"),
        ("billing", "Billing", "console:billing"), ("operations", "Operations", "console:operations"),
-       ("nodes", "My nodes", "console:nodes"),
+       ("tco", "TCO", "console:tco"), ("nodes", "My nodes", "console:nodes"),
        ("earnings", "Earnings", "console:earnings"),
        ("register", "Register a node", "console:node-register"), ("account", "Account", "console:account")]
 

@@ -8,10 +8,12 @@ from .earnings import (earnings, payout_account_connect, payout_account_refresh,
                        payout_cancel, payout_request)
 from .fleet import (gpu_health, home, node_delete, node_detail, node_drain, node_gpus_fragment,  # noqa: F401
                     node_register, node_rename, node_settings, nodes)
-from .leases import jobs, lease_detail, lease_end, lease_facts, lease_logs, leases, order_cancel  # noqa: F401
+from .leases import (jobs, lease_detail, lease_end, lease_facts, lease_logs, lease_report_failure, leases,  # noqa: F401
+                     order_cancel)
 from .operations import (autoscale_rule, autoscale_rule_delete, operations, reclaim_policy_delete,  # noqa: F401
                          reclaim_policy_save)
 from .orders import order, order_preview  # noqa: F401
 from .provider import provider  # noqa: F401
+from .tco import tco  # noqa: F401
 from .resale import (list_for_resale, listing_cancel, resale_buy, resale_market, reservation_cancel,  # noqa: F401
                      reservations)

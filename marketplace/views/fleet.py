@@ -1,6 +1,7 @@
 """Provider pages: nodes, a node's GPUs and live charts, registration, renaming, cordon/uncordon, drain and delete."""
 from __future__ import annotations
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required
 from django.db import transaction
@@ -54,9 +55,11 @@ def node_detail(request, node_id, settings_form=None, rename_form=None, status=2
         "public_address": node.public_address, "port_range_start": node.port_range_start,
         "port_range_end": node.port_range_end, "cpus_per_gpu": node.cpus_per_gpu,
         "ram_gb_per_gpu": node.ram_gb_per_gpu, "image_allowlist": "\n".join(node.image_allowlist or [])})
+    rows = _gpu_rows(node)
     return render(request, "console/node_detail.html", {
-        "node": node, "gpus": _gpu_rows(node), "events": fleet_selectors.node_events(node=node), "nav": "nodes",
-        "settings_form": form, "rename_form": rename_form or NodeRenameForm(initial={"name": node.name})},
+        "node": node, "gpus": rows, "events": fleet_selectors.node_events(node=node), "nav": "nodes",
+        "detail": node.reliability_detail, "reliability_gpus": [r["gpu"] for r in rows],
+        "window_days": settings.RELIABILITY["WINDOW_DAYS"], "settings_form": form, "rename_form": rename_form or NodeRenameForm(initial={"name": node.name})},
         status=status)
 
 

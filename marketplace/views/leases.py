@@ -17,12 +17,14 @@ from marketplace.amounts import micro, usd, usd_per_hour
 from marketplace.api.workloads import logs_response
 from marketplace.conf import market
 from marketplace.lifecycle import leases as lease_services, workloads
+from marketplace.lifecycle.reliability import lease_failure_report
 from marketplace.models import Lease, Mode, Order
 from marketplace.money import ledger
 from marketplace.products import orders as order_services
 from scheduler import selectors as fleet_selectors
 from scheduler.errors import DomainError
 
+from ..forms import LeaseFailureReportForm
 from .common import Confirm, confirm_page
 
 PAGE = 50
@@ -78,9 +80,12 @@ def _history(lease: Lease) -> dict:
 def lease_detail(request, lease_id):
     lease = _lease_or_404(request, lease_id)
     keep = market("WORKLOAD_LOG_TAIL_BYTES")
+    report = getattr(lease, "failure_report", None)
+    reportable = report is None and (lease.started_at is not None or lease.state == Lease.State.FAILED)
     return render(request, "console/lease.html", {**_row(lease), "now": timezone.now(), "nav": "leases",
                                                   "log_keep_bytes": keep, "log_keep_kib": keep // 1024,
-                                                  "history": _history(lease)})
+                                                  "history": _history(lease), "failure_report": report,
+                                                  "report_form": LeaseFailureReportForm() if reportable else None})
 
 
 @login_required
@@ -148,3 +153,21 @@ def order_cancel(request, order_id):
     else:
         messages.success(request, "The order is cancelled.")
     return redirect("console:leases")
+
+
+@login_required
+@require_POST
+def lease_report_failure(request, lease_id):
+    """The buyer reports that its lease failed on the provider's side (once); back to the lease's page."""
+    lease = _lease_or_404(request, lease_id)
+    form = LeaseFailureReportForm(request.POST)
+    if not form.is_valid():
+        messages.error(request, "Choose what went wrong to report the failure.")
+        return redirect("console:lease", lease_id=lease.pk)
+    try:
+        lease_failure_report(buyer=request.user, lease_id=lease.pk, **form.cleaned_data)
+    except DomainError as exc:
+        messages.error(request, exc.message)
+    else:
+        messages.success(request, "Thank you: the failure is recorded and counts against the node's reliability score.")
+    return redirect("console:lease", lease_id=lease.pk)

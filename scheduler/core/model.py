@@ -43,6 +43,7 @@ class GpuState:
     geometry: MigGeometry | None  # None = not MIG-capable, or MIG mode off: sold as a whole GPU only
     instances: list[PlacedInstance] = field(default_factory=list)
     health: Health = "healthy"
+    reliability: float | None = None  # 0..1, this GPU's own score (core/reliability.py); None: its node's
 
 
 @dataclass
@@ -52,7 +53,7 @@ class NodeState:
     online: bool = True
     cuda_version: str = "12.4"
     price_per_gpu_hour: float = 2.0  # the provider's base price for one whole GPU-hour (DESIGN §5 "base")
-    reliability: float = 0.99  # 0..1, share of leases that ran to their end on this node
+    reliability: float = 0.99  # 0..1, the node's reliability score (core/reliability.py)
     interruption_rate: float = 0.0  # spot interruptions per hour on this node, from history
     gpus: list[GpuState] = field(default_factory=list)
     runs_containers: bool = True  # its agent runs workloads (a container runtime)

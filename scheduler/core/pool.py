@@ -350,7 +350,8 @@ class Pool:
         n = rec.node
         ppu = n.price_per_gpu_hour * self._static_factors["on_demand"] / self.pu(rec.gpu.model, None)
         return (DEFAULT_WEIGHTS["price"] * PriceScorer().normalise(ppu)
-                + DEFAULT_WEIGHTS["reliability"] * ReliabilityScorer().normalise(n.reliability))
+                + DEFAULT_WEIGHTS["reliability"] * ReliabilityScorer().normalise(
+                    n.reliability if rec.gpu.reliability is None else rec.gpu.reliability))
 
     def _refresh(self, rec: GpuRecord, *, rekey: bool = False) -> None:
         """Recompute one GPU's entries in every index (remove the old ones, add the new)."""

@@ -75,12 +75,14 @@ class PackingScorer(Scorer):
 
 
 class ReliabilityScorer(Scorer):
-    """Nodes whose leases ran to their end are better; a degraded GPU counts for less."""
+    """More reliable is better: raw = the reliability score (core/reliability.py) of the option's least reliable
+    GPU where the GPUs have their own, else its node's; a degraded GPU counts for less."""
 
     name = "reliability"
 
     def raw(self, option, request):
-        r = option.node.reliability
+        own = [g.reliability for g in option.gpus if g.reliability is not None]
+        r = min(own) if own else option.node.reliability
         if any(g.health == "degraded" for g in option.gpus):
             r *= DEGRADED_RELIABILITY
         return r

@@ -223,6 +223,12 @@ class AgentConsumer(LoopConsumer):
         await self.channel_layer.group_send(self.console_group, {"type": "node.metrics", "node": self.node_key,
                                                                  "text": text})
         for sample in frame["gpus"]:
+            if sample.get("xid"):
+                # Every XID is kept (by code) for the reliability score, whether or not it cordons the GPU.
+                codes = sorted(set(sample["xid"]))
+                await database_sync_to_async(health_services.health_event_record)(
+                    node_id=self.node_id, gpu_uuid=sample["uuid"], kind="xid",
+                    message="XID " + ", ".join(map(str, codes)), detail={"codes": codes})
             reasons = self._health(sample)
             if reasons and sample["uuid"] not in self.cordoned:
                 self.cordoned.add(sample["uuid"])

@@ -39,7 +39,11 @@ class Node(models.Model):
     backend = models.CharField(max_length=20, blank=True)
     price_per_gpu_hour = models.DecimalField(max_digits=10, decimal_places=4, default=2,
                                              help_text="provider's base price for one whole GPU-hour (USD)")
-    reliability = models.FloatField(default=1.0, help_text="share of time online since registration")
+    reliability = models.FloatField(default=1.0, help_text="reliability score 0..1 (docs/operations.md)")
+    # The score taken apart (scheduler.core.reliability.Score.to_dict): each component's value, weight and the
+    # events behind it, as of reliability_at.
+    reliability_detail = models.JSONField(default=dict, blank=True, editable=False)
+    reliability_at = models.DateTimeField(null=True, blank=True, editable=False)
     # Kept apart from status: a draining node that goes offline must come back draining, not online.
     drain_requested = models.BooleanField(default=False, help_text="drained by its provider or an operator")
     # Who drained it (empty while it takes work): an operator's drain is lifted only by an operator, like a cordon.
@@ -128,11 +132,16 @@ class Gpu(models.Model):
     # Who cordoned it (empty while it is in service): an operator's cordon is lifted only by an operator.
     cordoned_by = models.CharField(max_length=10, choices=CordonedBy.choices, blank=True)
     present = models.BooleanField(default=True, help_text="false once the agent stops reporting this GPU")
+    reliability = models.FloatField(null=True, blank=True, editable=False,
+                                    help_text="this GPU's reliability score 0..1 (empty until scored: its node's counts)")
+    reliability_detail = models.JSONField(default=dict, blank=True, editable=False)
 
     class Meta:
         ordering = ["node", "index"]
         verbose_name, verbose_name_plural = "GPU", "GPUs"
-        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node")]
+        constraints = [models.UniqueConstraint(fields=["node", "index"], name="gpu_unique_index_per_node"),
+                       models.CheckConstraint(condition=Q(reliability__gte=0) & Q(reliability__lte=1),
+                                              name="gpu_reliability_share")]
 
     def __str__(self) -> str:
         return f"{self.node.name}/gpu{self.index} ({self.name})"

@@ -163,8 +163,8 @@ def pool_snapshot(*, models: Iterable[str] | None = None, classify: Classify | N
     states: dict[str, NodeState] = {}
     snap = Snapshot(pool=None, nodes=nodes)  # type: ignore[arg-type]
     geometry_of = Gpu()  # Gpu.geometry() parses (and shares) what the agent reported
-    for pk, uuid, node_id, name, model, mig_enabled, mig_geometry, health in gpu_qs.values_list(
-            "pk", "uuid", "node_id", "name", "gpu_model__key", "mig_enabled", "mig_geometry", "health"):
+    for pk, uuid, node_id, name, model, mig_enabled, mig_geometry, health, reliability in gpu_qs.values_list(
+            "pk", "uuid", "node_id", "name", "gpu_model__key", "mig_enabled", "mig_geometry", "health", "reliability"):
         node = nodes.get(str(node_id))
         if node is None:
             continue
@@ -179,7 +179,7 @@ def pool_snapshot(*, models: Iterable[str] | None = None, classify: Classify | N
         geometry = geometry_of.geometry()
         instances = with_holds(geometry, placed(geometry, by_gpu.get(pk, ()), classify), holds_by_gpu.get(pk, ()))
         ns.gpus.append(GpuState(uuid=uuid, node_id=ns.id, model=model, geometry=geometry, instances=instances,
-                                health=health))
+                                health=health, reliability=reliability))
         snap.gpu_ids[uuid] = pk
         snap.gpus[uuid] = GpuRow(pk, uuid, ns.id, name, model, geometry)
         snap.slices[uuid] = by_gpu.get(pk, [])

@@ -10,6 +10,7 @@ from scheduler.errors import PermissionDenied
 from scheduler.models import Gpu, HealthEvent
 
 from .events import announce_node, tell_agent_uncordoned
+from .reliability import reliability_refresh_later
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,21 @@ def sample_violations(sample: dict, thresholds: Thresholds, *, previous_dbe: flo
     return reasons
 
 
+# What the reliability score calls each reason sample_violations gives (by its opening words).
+_CAUSES = (("temperature", "thermal"), ("power", "power"), ("XID", "xid"))
+
+
+def violation_causes(reason: str) -> list[str]:
+    """The causes ("thermal", "power", "ecc", "xid") in a cordon reason made of sample_violations' reasons."""
+    out = []
+    for part in reason.split("; "):
+        if "uncorrectable ECC" in part:
+            out.append("ecc")
+        else:
+            out += [cause for opening, cause in _CAUSES if part.startswith(opening)]
+    return out
+
+
 def cordon_source_of(user) -> str:
     """Who a person cordoning or uncordoning by hand is: an operator (staff), else the GPU's provider."""
     return Gpu.CordonedBy.OPERATOR if user.is_staff else Gpu.CordonedBy.PROVIDER
@@ -80,8 +96,12 @@ def gpu_cordon(*, gpu_id: int, reason: str, by: str = "health check",
         changed = rows.update(health=Gpu.Health.CORDONED, health_reason=f"{reason} ({by})"[:200], cordoned_by=source)
         if changed:
             gpu = Gpu.objects.select_related("node").get(pk=gpu_id)
+            detail = {"by": by, "source": source}
+            if source == Gpu.CordonedBy.HEALTH:
+                detail["causes"] = violation_causes(reason)
             HealthEvent.objects.create(node=gpu.node, gpu=gpu, kind="cordon", message=f"cordoned: {reason}",
-                                       detail={"by": by, "source": source})
+                                       detail=detail)
+            reliability_refresh_later(node_id=gpu.node_id)
             transaction.on_commit(lambda: announce_node(gpu.node_id, {"gpu": gpu.uuid, "health": "cordoned"}))
     return bool(changed)
 
@@ -112,3 +132,5 @@ def health_event_record(*, node_id, gpu_uuid: str | None, kind: str, message: st
     """Record an agent-reported event (XID, fault); a GPU uuid of another node is ignored."""
     gpu = Gpu.objects.filter(node_id=node_id, uuid=gpu_uuid).first() if gpu_uuid else None
     HealthEvent.objects.create(node_id=node_id, gpu=gpu, kind=kind[:30], message=message[:300], detail=detail)
+    if kind == "xid":
+        reliability_refresh_later(node_id=node_id)

@@ -283,6 +283,23 @@ async def test_a_health_threshold_crossing_cordons_the_gpu(fault, reason):
     await comm.disconnect()
 
 
+async def test_every_xid_an_agent_reports_is_recorded_by_code_and_rescores_the_gpu():
+    """XID 45 does not cordon the GPU, but it is kept for the reliability score (health component, by code)."""
+    node, token = await sync_to_async(node_with_token)()
+    backend = sim_backend("a100-80gb:1", hostname="h-xid-record")
+    comm = await connect_agent(token, backend)
+    gpu_uuid = backend.inventory()["gpus"][0]["uuid"]
+    backend.inject_fault(gpu_uuid, "xid", xid=45)
+    await comm.send_to(text_data=protocol.encode(metrics_from(backend)))
+    await barrier(comm)
+    events = await sync_to_async(lambda: list(HealthEvent.objects.filter(gpu__uuid=gpu_uuid, kind="xid")
+                                              .values_list("detail", flat=True)))()
+    assert events == [{"codes": [45]}]
+    gpu = await sync_to_async(Gpu.objects.get)(uuid=gpu_uuid)
+    assert gpu.health == Gpu.Health.HEALTHY and gpu.reliability is not None and gpu.reliability < 1.0
+    await comm.disconnect()
+
+
 async def test_a_command_issued_while_the_hello_is_being_applied_still_reaches_the_agent(monkeypatch):
     from scheduler.services import commands as command_services
 
