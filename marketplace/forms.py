@@ -85,6 +85,7 @@ class NotificationSettingsForm(forms.Form):
     lease_ended = forms.BooleanField(label="Lease ended", required=False)
     lease_failed = forms.BooleanField(label="Lease failed to start", required=False)
     balance_low = forms.BooleanField(label="Low balance", required=False)
+    budget = forms.BooleanField(label="Budget cap and auto top-up", required=False)
 
 
 class ProjectForm(forms.Form):

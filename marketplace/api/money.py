@@ -7,8 +7,10 @@ from __future__ import annotations
 import csv
 import io
 from datetime import datetime, time, timezone
+from decimal import Decimal
 
 from django.conf import settings
+from django.utils import timezone as django_tz
 from django.db.models import Case, Exists, F, OuterRef, QuerySet, UUIDField, When
 from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.types import OpenApiTypes
@@ -20,6 +22,7 @@ from rest_framework.response import Response
 from marketplace.amounts import CENT, MICRO
 from marketplace.api.filtering import query_values
 from marketplace.models import Account, LedgerEntry, Order, Payment, Project, UsageRecord
+from marketplace.lifecycle import budgets
 from marketplace.money import statements
 from marketplace.products import payments, projects
 from scheduler.errors import DomainError
@@ -92,12 +95,32 @@ class RefundSerializer(serializers.Serializer):
 
 
 class ProjectSerializer(serializers.ModelSerializer):
+    monthly_budget = serializers.DecimalField(
+        max_digits=12, decimal_places=2, min_value=Decimal("0.01"), allow_null=True, required=False,
+        help_text="USD per UTC calendar month, whole cents; null: no budget")
+    budget_cap = serializers.ChoiceField(
+        choices=Project.BudgetCap.choices, required=False,
+        help_text="soft: alerts only; hard: orders that would pass the budget are refused and on-demand and spot "
+                  "leases end at it (with a notice before)")
+
     class Meta:
         model = Project
-        fields = ["id", "name", "description", "created_at"]
+        fields = ["id", "name", "description", "monthly_budget", "budget_cap", "created_at"]
         read_only_fields = ["id", "created_at"]
         # The unique (user, name) rule is the service's to check: the serializer does not see the user.
         validators: list = []
+
+
+class ProjectBudgetSerializer(serializers.Serializer):
+    month = serializers.CharField(help_text="YYYY-MM, UTC")
+    budget = serializers.DecimalField(max_digits=12, decimal_places=2, allow_null=True)
+    cap = serializers.ChoiceField(choices=Project.BudgetCap.choices)
+    spent = serializers.DecimalField(max_digits=18, decimal_places=6,
+                                     help_text="month to date: what the project's statement totals")
+    held = serializers.DecimalField(max_digits=18, decimal_places=6,
+                                    help_text="what its on-demand and spot leases hold: owed, and their next minutes")
+    left = serializers.DecimalField(max_digits=18, decimal_places=6, allow_null=True,
+                                    help_text="budget less spent and held; null without a budget")
 
 
 class UsageRecordSerializer(serializers.ModelSerializer):
@@ -364,6 +387,15 @@ class ProjectViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def destroy(self, request, pk=None):
         projects.project_delete(project=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(responses=ProjectBudgetSerializer)
+    @action(detail=True, methods=["get"])
+    def budget(self, request, pk=None):
+        """The project's month so far against its budget: spent, held by running leases, left."""
+        state = budgets.budget_state(project=self.get_object(), now=django_tz.now())
+        return Response(ProjectBudgetSerializer({"month": state.month, "budget": state.budget, "cap": state.cap,
+                                                 "spent": state.spent, "held": state.held,
+                                                 "left": state.left}).data)
 
 
 class UsageRecordViewSet(viewsets.ReadOnlyModelViewSet):

@@ -46,6 +46,24 @@ def month_bounds(month: str | None) -> tuple[str, datetime, datetime]:
     return month, start, end
 
 
+def month_of(at: datetime) -> str:
+    """The UTC calendar month of `at` as 'YYYY-MM'."""
+    at = at.astimezone(timezone.utc)
+    return f"{at.year:04d}-{at.month:02d}"
+
+
+def project_spend(*, project_id: int, at: datetime) -> Decimal:
+    """A project's spending in the UTC month of `at` up to now, exact: what its statement totals — usage (the
+    metered minutes) plus the other charges booked under it (reserved windows paid when booked, resale purchases,
+    less refunds of charges); top-ups, refunds to the card and credits are not spending (NOT_SPENDING)."""
+    _, start, end = month_bounds(month_of(at))
+    usage = exact_sum(UsageRecord.objects.filter(project_id=project_id, minute__gte=start, minute__lt=end))
+    other = exact_sum(LedgerEntry.objects.filter(
+        project_id=project_id, account__kind=Account.Kind.WALLET, created_at__gte=start, created_at__lt=end)
+        .exclude(transaction__kind__in=NOT_SPENDING))
+    return usage - other  # a wallet line of a charge is negative
+
+
 def grouped(qs: QuerySet, keys: list[str], fields: list[str]) -> dict[tuple, dict[str, Decimal]]:
     """Sum `fields` of `qs` per `keys`, exactly."""
     out: dict[tuple, dict[str, Decimal]] = {}
