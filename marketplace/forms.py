@@ -93,6 +93,18 @@ class ProjectForm(forms.Form):
     description = forms.CharField(max_length=400, required=False)
 
 
+class ProjectBudgetForm(forms.Form):
+    """A project's monthly budget (products.projects.project_budget_set checks it again)."""
+
+    monthly_budget = forms.DecimalField(label="Monthly budget (USD)", max_digits=12, decimal_places=2,
+                                        min_value=Decimal("0.01"), required=False,
+                                        help_text="Per UTC calendar month; leave empty for no budget.")
+    budget_cap = forms.ChoiceField(label="At the budget", widget=forms.RadioSelect, initial="soft",
+                                   choices=[("soft", "Soft cap — alerts only, nothing stops"),
+                                            ("hard", "Hard cap — refuse new orders and end on-demand and spot "
+                                                     "leases at the cap, with a notice before")])
+
+
 def model_choices(blank: str = "any model") -> list[tuple[str, str]]:
     from scheduler.models import GpuModel
 

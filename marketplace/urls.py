@@ -55,4 +55,5 @@ urlpatterns = [
     path("account/ssh-keys/<int:key_id>/delete/", views.ssh_key_delete, name="ssh-key-delete"),
     path("account/projects/", views.project_create, name="project-create"),
     path("account/projects/<int:project_id>/delete/", views.project_delete, name="project-delete"),
+    path("account/projects/<int:project_id>/", views.project_detail, name="project"),
 ]

@@ -1,6 +1,6 @@
 """Console pages, by domain. Thin: parse input, call a selector or service, render."""
 from .account import (account, api_key_create, api_key_revoke, notifications_save, project_create,  # noqa: F401
-                      project_delete, ssh_key_add, ssh_key_delete, two_factor)
+                      project_delete, project_detail, ssh_key_add, ssh_key_delete, two_factor)
 from .billing import balance_fragment, billing, statement_csv, topup  # noqa: F401
 from .catalog import catalog, unit_detail  # noqa: F401
 from .earnings import (earnings, payout_account_connect, payout_account_refresh, payout_account_return,  # noqa: F401

@@ -236,3 +236,22 @@ def test_a_budget_is_positive_whole_cents_or_none(value, ok):
     else:
         with pytest.raises(projects.DomainError):
             projects.budget_amount(value)
+
+
+def test_the_console_project_page_sets_a_budget_and_shows_the_month(client):
+    buyer = UserFactory()
+    other = UserFactory()
+    project = project_of(buyer, None, "soft")
+    client.force_login(buyer)
+    page = client.get(f"/account/projects/{project.pk}/")
+    assert page.status_code == 200 and b"Save budget" in page.content
+    bad = client.post(f"/account/projects/{project.pk}/", {"monthly_budget": "12.345", "budget_cap": "hard"})
+    assert bad.status_code == 400 and b'aria-invalid="true"' in bad.content
+    ok = client.post(f"/account/projects/{project.pk}/", {"monthly_budget": "250.50", "budget_cap": "hard"})
+    assert ok.status_code == 302
+    project.refresh_from_db()
+    assert (project.monthly_budget, project.budget_cap) == (Decimal("250.50"), "hard")
+    page = client.get(ok.url)
+    assert b"a hard cap at $250.50 a month" in page.content and b'id="left">$250.50' in page.content
+    client.force_login(other)
+    assert client.get(f"/account/projects/{project.pk}/").status_code == 302  # not theirs: back to the account
