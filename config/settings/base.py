@@ -293,7 +293,8 @@ SPECTACULAR_SETTINGS = {"TITLE": "GPU Market API", "VERSION": "1.0.0",
                         "SERVE_INCLUDE_SCHEMA": False, "COMPONENT_SPLIT_REQUEST": True,
                         "SCHEMA_PATH_PREFIX": r"/api/v1",  # operation ids like orders_create, tags like orders
                         "ENUM_NAME_OVERRIDES": {"NodeStatusEnum": "scheduler.models.fleet.Node.Status",
-                                                "WorkloadKindEnum": "marketplace.models.workloads.KIND_CHOICES"}}
+                                                "WorkloadKindEnum": "marketplace.models.workloads.KIND_CHOICES",
+                                                "BudgetCapEnum": "marketplace.models.billing.Project.BudgetCap"}}
 # A browser form posted without its CSRF token: the console's page, or JSON under /api/ (marketplace/views/errors.py).
 CSRF_FAILURE_VIEW = "marketplace.views.errors.csrf_failure"
 
