@@ -21,7 +21,7 @@ from rest_framework.response import Response
 
 from marketplace.amounts import CENT, MICRO
 from marketplace.api.filtering import query_values
-from marketplace.models import Account, LedgerEntry, Order, Payment, Project, UsageRecord
+from marketplace.models import Account, AutoTopUp, LedgerEntry, Order, Payment, Project, UsageRecord
 from marketplace.lifecycle import budgets
 from marketplace.money import statements
 from marketplace.products import payments, projects
@@ -197,6 +197,43 @@ class TopUpResultSerializer(serializers.Serializer):
     stripe_js = serializers.CharField(help_text="where to load Stripe.js from")
 
 
+class AutoTopUpSerializer(serializers.ModelSerializer):
+    card = serializers.CharField(source="card_label", help_text="the saved card, e.g. visa •••• 4242; empty: none")
+    in_flight = serializers.SerializerMethodField(help_text="a charge is being made now")
+
+    class Meta:
+        model = AutoTopUp
+        fields = ["enabled", "threshold", "amount", "card", "in_flight", "failures", "last_attempt_at", "last_error",
+                  "disabled_reason"]
+        read_only_fields = fields
+
+    def get_in_flight(self, row) -> bool:
+        return row.in_flight_since is not None
+
+
+class AutoTopUpSetSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField()
+    threshold = serializers.DecimalField(max_digits=12, decimal_places=2, min_value=Decimal("0"),
+                                         max_value=payments.TOPUP_MAX,
+                                         help_text="top up when the wallet is under this after a metering post")
+    amount = serializers.DecimalField(max_digits=12, decimal_places=2, min_value=payments.TOPUP_MIN,
+                                      max_value=payments.TOPUP_MAX, help_text="how much each top-up adds")
+
+
+class CardSetupSerializer(serializers.Serializer):
+    setup_intent = serializers.CharField()
+    client_secret = serializers.CharField(help_text="confirm it in the browser with Stripe.js (confirmCardSetup)")
+    publishable_key = serializers.CharField(allow_blank=True)
+    stripe_js = serializers.CharField(help_text="where to load Stripe.js from")
+
+
+class CardConfirmSerializer(serializers.Serializer):
+    card = serializers.RegexField(r"^\d{16}$", required=False,
+                                  help_text="confirm on the server with this card number (scripts, tests); without "
+                                            "it, the card confirmed in the browser is kept",
+                                  error_messages={"invalid": "a card number has 16 digits"})
+
+
 class ProjectRefSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     name = serializers.CharField(allow_null=True)
@@ -332,6 +369,42 @@ class TopUpViewSet(viewsets.GenericViewSet):
             "client_secret": getattr(payment, "client_secret", None),
             "publishable_key": settings.STRIPE_PUBLISHABLE_KEY, "stripe_js": payments.stripe_js_url()}).data,
             status=status.HTTP_201_CREATED)
+
+
+class AutoTopUpViewSet(viewsets.ViewSet):
+    """Auto top-up from a saved card: GET the settings; POST {enabled, threshold, amount} sets them; POST card/ starts
+    saving a card (a Stripe SetupIntent to confirm with Stripe.js), POST card/confirm/ {card?} keeps it."""
+
+    write_scope = MONEY_SCOPE
+    error_statuses = {"create": (409,), "card": (502,), "card_confirm": (402, 409, 502)}
+
+    @extend_schema(operation_id="auto_topup_retrieve", responses=AutoTopUpSerializer)
+    def list(self, request):
+        return Response(AutoTopUpSerializer(payments.auto_topup_of(user=request.user)).data)
+
+    @extend_schema(operation_id="auto_topup_set", request=AutoTopUpSetSerializer, responses=AutoTopUpSerializer)
+    def create(self, request):
+        data = AutoTopUpSetSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        row = payments.auto_topup_configure(user=request.user, **data.validated_data)
+        return Response(AutoTopUpSerializer(row).data)
+
+    @extend_schema(operation_id="auto_topup_card_setup", request=None, responses=CardSetupSerializer)
+    @action(detail=False, methods=["post"])
+    def card(self, request):
+        row, secret = payments.card_setup_start(user=request.user)
+        return Response(CardSetupSerializer({"setup_intent": row.stripe_setup_intent_id, "client_secret": secret,
+                                             "publishable_key": settings.STRIPE_PUBLISHABLE_KEY,
+                                             "stripe_js": payments.stripe_js_url()}).data)
+
+    @extend_schema(operation_id="auto_topup_card_confirm", request=CardConfirmSerializer,
+                   responses=AutoTopUpSerializer)
+    @action(detail=False, methods=["post"], url_path="card/confirm")
+    def card_confirm(self, request):
+        data = CardConfirmSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        row = payments.card_setup_finish(user=request.user, card=data.validated_data.get("card"))
+        return Response(AutoTopUpSerializer(row).data)
 
 
 class PaymentViewSet(viewsets.ReadOnlyModelViewSet):

@@ -90,3 +90,22 @@ def test_auto_top_up_needs_a_saved_card_and_sane_amounts():
     for threshold, amount in (("-1", "25"), ("10.001", "25"), ("10", "0.50"), ("10", "20000")):
         with pytest.raises(DomainError):
             payments.auto_topup_configure(user=buyer, enabled=False, threshold=threshold, amount=amount)
+
+
+def test_the_api_saves_a_card_and_turns_auto_top_up_on():
+    from rest_framework.test import APIClient
+
+    buyer = UserFactory()
+    c = APIClient()
+    c.force_authenticate(buyer)
+    assert c.get("/api/v1/auto-topup/").json()["card"] == ""
+    refused = c.post("/api/v1/auto-topup/", {"enabled": True, "threshold": "10.00", "amount": "50.00"}, format="json")
+    assert refused.status_code == 409 and refused.json()["error"]["code"] == "no_card"
+    setup = c.post("/api/v1/auto-topup/card/").json()
+    assert setup["setup_intent"].startswith("seti_") and setup["client_secret"].startswith(setup["setup_intent"])
+    saved = c.post("/api/v1/auto-topup/card/confirm/", {"card": GOOD_CARD}, format="json").json()
+    assert saved["card"].endswith("•••• 4242")
+    on = c.post("/api/v1/auto-topup/", {"enabled": True, "threshold": "10.00", "amount": "50.00"}, format="json")
+    assert on.status_code == 200 and on.json()["enabled"] is True and on.json()["amount"] == "50.00"
+    bad = c.post("/api/v1/auto-topup/", {"enabled": True, "threshold": "10.00", "amount": "0.10"}, format="json")
+    assert bad.status_code == 400 and "amount" in bad.json()["error"]["fields"]
