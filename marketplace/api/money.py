@@ -197,6 +197,7 @@ class TopUpResultSerializer(serializers.Serializer):
     stripe_js = serializers.CharField(help_text="where to load Stripe.js from")
 
 
+@extend_schema_serializer(many=False)  # GET /auto-topup/ is the user's one row, not a list
 class AutoTopUpSerializer(serializers.ModelSerializer):
     card = serializers.CharField(source="card_label", help_text="the saved card, e.g. visa •••• 4242; empty: none")
     in_flight = serializers.SerializerMethodField(help_text="a charge is being made now")
