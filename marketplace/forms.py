@@ -93,6 +93,16 @@ class ProjectForm(forms.Form):
     description = forms.CharField(max_length=400, required=False)
 
 
+class AutoTopUpForm(forms.Form):
+    """Auto top-up's settings (products.payments.auto_topup_configure checks them again)."""
+
+    enabled = forms.BooleanField(label="Top up automatically", required=False)
+    threshold = forms.DecimalField(label="When the wallet is under (USD)", max_digits=12, decimal_places=2,
+                                   min_value=Decimal("0"), initial=Decimal("10.00"))
+    amount = forms.DecimalField(label="Add (USD)", max_digits=12, decimal_places=2, min_value=Decimal("1.00"),
+                                max_value=Decimal("10000.00"), initial=Decimal("50.00"))
+
+
 class ProjectBudgetForm(forms.Form):
     """A project's monthly budget (products.projects.project_budget_set checks it again)."""
 

@@ -27,6 +27,9 @@ urlpatterns = [
     path("billing/", views.billing, name="billing"),
     path("billing/balance/", views.balance_fragment, name="balance"),
     path("billing/topup/", views.topup, name="topup"),
+    path("billing/auto-topup/", views.auto_topup_save, name="auto-topup"),
+    path("billing/auto-topup/card/", views.auto_topup_card, name="auto-topup-card"),
+    path("billing/auto-topup/card/done/", views.auto_topup_card_done, name="auto-topup-card-done"),
     path("billing/statement.csv", views.statement_csv, name="statement-csv"),
     # provider
     path("nodes/", views.nodes, name="nodes"),

@@ -109,3 +109,14 @@ def test_the_api_saves_a_card_and_turns_auto_top_up_on():
     assert on.status_code == 200 and on.json()["enabled"] is True and on.json()["amount"] == "50.00"
     bad = c.post("/api/v1/auto-topup/", {"enabled": True, "threshold": "10.00", "amount": "0.10"}, format="json")
     assert bad.status_code == 400 and "amount" in bad.json()["error"]["fields"]
+
+
+def test_the_billing_page_refuses_to_turn_auto_top_up_on_without_a_card_beside_the_form(client):
+    buyer = UserFactory()
+    client.force_login(buyer)
+    page = client.post("/billing/auto-topup/", {"auto-enabled": "on", "auto-threshold": "5.00", "auto-amount": "20.00"})
+    assert page.status_code == 400 and "Save a card first" in page.content.decode()
+    assert not AutoTopUp.objects.filter(user=buyer, enabled=True).exists()
+    ok = client.post("/billing/auto-topup/", {"auto-threshold": "5.00", "auto-amount": "20.00"})
+    assert ok.status_code == 302 and ok.url.endswith("#auto-topup")
+    assert AutoTopUp.objects.get(user=buyer).threshold == Decimal("5.00")
