@@ -14,7 +14,7 @@ from marketplace import events, notifications
 from marketplace.lifecycle import budgets, leases
 from marketplace.models import BudgetNotice, Lease, Order, Project, Reservation
 from marketplace.money import statements
-from marketplace.products import orders, projects
+from marketplace.products import orders, projects, resale
 from marketplace.products.orders import OrderSpec
 from tests.factories import UserFactory
 from tests.marketplace.marketsim import Fleet, top_up
@@ -255,3 +255,24 @@ def test_the_console_project_page_sets_a_budget_and_shows_the_month(client):
     assert b"a hard cap at $250.50 a month" in page.content and b'id="left">$250.50' in page.content
     client.force_login(other)
     assert client.get(f"/account/projects/{project.pk}/").status_code == 302  # not theirs: back to the account
+
+
+def test_a_resale_purchase_past_a_hard_cap_is_refused_and_the_listing_stays_open(fleet):
+    fleet.node("l4:1", price="2.00")
+    seller, buyer = UserFactory(), UserFactory()
+    top_up(seller, "100")
+    top_up(buyer, "100")
+    start = timezone.now() + timedelta(hours=3)
+    orders.order_place(buyer=seller, spec=OrderSpec(mode="reserved", gpu_models=["l4"], window_start=start,
+                                                    window_end=start + timedelta(hours=2)))
+    listing = resale.listing_create(seller=seller, reservation_id=Reservation.objects.get().pk, starts_at=start,
+                                    ends_at=start + timedelta(hours=1), ask_per_hour=Decimal("1.50"))
+    project = project_of(buyer, "1.00")
+    spec = OrderSpec(mode="resale", listing_id=listing.pk, project_id=project.pk)
+    with pytest.raises(budgets.OverBudget, match=r"has \$1.00 left .* needs \$1.50"):
+        orders.order_place(buyer=buyer, spec=spec)
+    listing.refresh_from_db()
+    assert listing.state == "open" and not Order.objects.filter(buyer=buyer).exists()
+    projects.project_budget_set(project=project, monthly_budget="2.00", budget_cap="hard")
+    assert orders.order_place(buyer=buyer, spec=spec).state == Order.State.PLACED
+    assert budgets.budget_state(project=project, now=timezone.now()).spent == Decimal("1.50")
