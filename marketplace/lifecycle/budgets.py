@@ -25,7 +25,7 @@ from django.db import IntegrityError, transaction
 
 from marketplace import events
 from marketplace import metering
-from marketplace.amounts import ZERO, cost, usd
+from marketplace.amounts import ZERO, cost, micro, usd
 from marketplace.conf import market
 from marketplace.models import BudgetNotice, Lease, Mode, Project
 from marketplace.money.statements import month_of, project_spend
@@ -115,7 +115,7 @@ def cap_check(*, before: BudgetState | None, now: datetime) -> None:
         f"Project {before.name} has {usd(max(ZERO, before.left))} left of its {usd(before.budget)} monthly budget "
         f"(a hard cap) and this order needs {usd(needs)}: raise the budget or make it a soft cap.",
         field="project", details={"project": before.project_id, "budget": str(before.budget),
-                                  "left": str(max(ZERO, before.left)), "needed": str(needs)})
+                                  "left": str(micro(max(ZERO, before.left))), "needed": str(micro(needs))})
 
 
 @dataclass

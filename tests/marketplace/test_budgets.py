@@ -276,3 +276,15 @@ def test_a_resale_purchase_past_a_hard_cap_is_refused_and_the_listing_stays_open
     projects.project_budget_set(project=project, monthly_budget="2.00", budget_cap="hard")
     assert orders.order_place(buyer=buyer, spec=spec).state == Order.State.PLACED
     assert budgets.budget_state(project=project, now=timezone.now()).spent == Decimal("1.50")
+
+
+def test_the_orders_api_refuses_an_order_past_a_hard_cap_with_409_over_budget(fleet):
+    fleet.node("l4:1", price="2.00")
+    buyer = UserFactory()
+    top_up(buyer, "100")
+    project = project_of(buyer, "0.50")
+    r = client_for(buyer).post("/api/v1/orders/", {"mode": "on_demand", "gpu_models": ["l4"], "project": project.pk},
+                               format="json")
+    assert r.status_code == 409 and r.json()["error"]["code"] == "over_budget"
+    assert r.json()["error"]["details"] == {"project": project.pk, "budget": "0.50", "left": "0.500000", "needed": "0.600000"}
+    assert "has $0.50 left of its $0.50 monthly budget" in r.json()["error"]["message"]
