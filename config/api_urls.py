@@ -12,7 +12,7 @@ from marketplace.api.operations import (AutoscaleActionViewSet, AutoscaleRuleVie
                                         ReclaimPolicyViewSet)
 from marketplace.api.tco import TcoView
 from marketplace.api.workloads import SshKeyViewSet, TemplateViewSet
-from marketplace.api.money import (LedgerEntryViewSet, PaymentViewSet, ProjectViewSet, StatementViewSet, TopUpViewSet,
+from marketplace.api.money import (AutoTopUpViewSet, LedgerEntryViewSet, PaymentViewSet, ProjectViewSet, StatementViewSet, TopUpViewSet,
                                    UsageRecordViewSet, WalletViewSet)
 from marketplace.api.payouts import EarningsViewSet, PayoutViewSet
 from scheduler.api import GpuViewSet, NodeViewSet, SliceViewSet
@@ -25,6 +25,7 @@ router.register("wallet", WalletViewSet, basename="wallet")
 router.register("ledger-entries", LedgerEntryViewSet, basename="ledger-entry")
 router.register("topups", TopUpViewSet, basename="topup")
 router.register("payments", PaymentViewSet, basename="payment")
+router.register("auto-topup", AutoTopUpViewSet, basename="auto-topup")
 router.register("projects", ProjectViewSet, basename="project")
 router.register("usage", UsageRecordViewSet, basename="usage")
 router.register("statements", StatementViewSet, basename="statement")

@@ -9,6 +9,7 @@ import urllib.error
 import urllib.request
 
 from django.conf import settings
+from django.core.mail import send_mail
 from django.db import transaction
 
 from scheduler.errors import DomainError
@@ -49,6 +50,18 @@ def webhook_later(url: str, payload: dict) -> None:
 def notify_webhook(*, user_id, kind: str, payload: dict, order_webhook: str = "") -> None:
     """POST a market event of `kind` after commit to the order's own webhook, else the account's (if on)."""
     webhook_later(webhook_for(user_id=user_id, kind=kind, order_webhook=order_webhook), payload)
+
+
+def mail_later(*, to: str, subject: str, body: str) -> None:
+    """Send an e-mail through Django's e-mail backend once the transaction commits. A mail server that refuses is
+    logged, not raised: what decided to send it stands."""
+    def send() -> None:
+        try:
+            send_mail(subject, body.strip() + "\n", settings.DEFAULT_FROM_EMAIL, [to])
+        except Exception:  # noqa: BLE001 (any backend's failure: SMTP refused, timeout, disk full)
+            log.exception("could not send the e-mail %r to %s", subject, to)
+
+    transaction.on_commit(send)
 
 
 def webhook_post(*, url: str, payload: dict, timeout: float | None = None) -> bool:

@@ -87,11 +87,34 @@ class NotificationSettingsForm(forms.Form):
     lease_failed = forms.BooleanField(label="Lease failed to start", required=False)
     balance_low = forms.BooleanField(label="Low balance", required=False)
     alerts = forms.BooleanField(label="Alerts (firing and resolved)", required=False)
+    budget = forms.BooleanField(label="Budget cap and auto top-up", required=False)
 
 
 class ProjectForm(forms.Form):
     name = forms.CharField(label="Project name", max_length=80)
     description = forms.CharField(max_length=400, required=False)
+
+
+class AutoTopUpForm(forms.Form):
+    """Auto top-up's settings (products.payments.auto_topup_configure checks them again)."""
+
+    enabled = forms.BooleanField(label="Top up automatically", required=False)
+    threshold = forms.DecimalField(label="When the wallet is under (USD)", max_digits=12, decimal_places=2,
+                                   min_value=Decimal("0"), initial=Decimal("10.00"))
+    amount = forms.DecimalField(label="Add (USD)", max_digits=12, decimal_places=2, min_value=Decimal("1.00"),
+                                max_value=Decimal("10000.00"), initial=Decimal("50.00"))
+
+
+class ProjectBudgetForm(forms.Form):
+    """A project's monthly budget (products.projects.project_budget_set checks it again)."""
+
+    monthly_budget = forms.DecimalField(label="Monthly budget (USD)", max_digits=12, decimal_places=2,
+                                        min_value=Decimal("0.01"), required=False,
+                                        help_text="Per UTC calendar month; leave empty for no budget.")
+    budget_cap = forms.ChoiceField(label="At the budget", widget=forms.RadioSelect, initial="soft",
+                                   choices=[("soft", "Soft cap — alerts only, nothing stops"),
+                                            ("hard", "Hard cap — refuse new orders and end on-demand and spot "
+                                                     "leases at the cap, with a notice before")])
 
 
 def model_choices(blank: str = "any model") -> list[tuple[str, str]]:

@@ -6,12 +6,21 @@ from marketplace import events
 from marketplace.lifecycle import leases
 from marketplace.money import check
 from marketplace.operations import autoscale, reclaim
-from marketplace.products import alerts, orders, payouts, reservations, spot
+from marketplace.products import alerts, orders, payments, payouts, reservations, spot
 
 
 @shared_task(name="market.meter")
 def meter() -> int:
-    return leases.meter_tick()
+    posted = leases.meter_tick()
+    # After the postings: wallets now under their auto top-up threshold are topped up, each in its own task.
+    for user_id in payments.auto_topups_due():
+        auto_topup.delay(user_id)
+    return posted
+
+
+@shared_task(name="market.auto_topup", ignore_result=True)
+def auto_topup(user_id: int) -> None:
+    payments.auto_topup_run(user_id=user_id)  # guarded: one charge in flight per user
 
 
 @shared_task(name="market.retry_queue")

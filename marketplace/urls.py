@@ -35,6 +35,9 @@ urlpatterns = [
     path("tco/", views.tco, name="tco"),
     path("billing/balance/", views.balance_fragment, name="balance"),
     path("billing/topup/", views.topup, name="topup"),
+    path("billing/auto-topup/", views.auto_topup_save, name="auto-topup"),
+    path("billing/auto-topup/card/", views.auto_topup_card, name="auto-topup-card"),
+    path("billing/auto-topup/card/done/", views.auto_topup_card_done, name="auto-topup-card-done"),
     path("billing/statement.csv", views.statement_csv, name="statement-csv"),
     # provider
     path("nodes/", views.nodes, name="nodes"),
@@ -66,4 +69,5 @@ urlpatterns = [
     path("account/ssh-keys/<int:key_id>/delete/", views.ssh_key_delete, name="ssh-key-delete"),
     path("account/projects/", views.project_create, name="project-create"),
     path("account/projects/<int:project_id>/delete/", views.project_delete, name="project-delete"),
+    path("account/projects/<int:project_id>/", views.project_detail, name="project"),
 ]

@@ -307,7 +307,9 @@ SPECTACULAR_SETTINGS = {"TITLE": "GPU Market API", "VERSION": "1.0.0",
                                                     "marketplace.models.operations.ReclaimNotice.State",
                                                 "AutoscaleActionKindEnum":
                                                     "marketplace.models.operations.AutoscaleAction.Kind",
-                                                "TcoOptionEnum": "marketplace.api.tco.OPTION_NAMES"}}
+                                                "TcoOptionEnum": "marketplace.api.tco.OPTION_NAMES",
+                                                "BudgetCapEnum": "marketplace.models.billing.Project.BudgetCap"}}
+
 
 # A browser form posted without its CSRF token: the console's page, or JSON under /api/ (marketplace/views/errors.py).
 CSRF_FAILURE_VIEW = "marketplace.views.errors.csrf_failure"
@@ -365,6 +367,11 @@ MARKET = {
     "MIN_PREPAID_SECONDS": env_float("MARKET_MIN_PREPAID_SECONDS", 600.0, minimum=0),
     "BALANCE_WARN_SECONDS": env_float("MARKET_BALANCE_WARN_SECONDS", 900.0, minimum=0),
     "BALANCE_STOP_SECONDS": env_float("MARKET_BALANCE_STOP_SECONDS", 30.0, minimum=0),
+    # Budgets (docs/payments.md, "Budgets"): a hard-capped project is told this long before its pay-as-you-go leases
+    # reach the cap at their burn rate; a new order holds this long of each such lease against the budget.
+    "BUDGET_NOTICE_SECONDS": env_float("MARKET_BUDGET_NOTICE_SECONDS", 900.0, minimum=0),
+    # Auto top-up: an off-session charge that fails this many times in a row turns auto top-up off (with a notice).
+    "AUTO_TOPUP_MAX_FAILURES": env_int("MARKET_AUTO_TOPUP_MAX_FAILURES", 3, minimum=1, maximum=20),
     "METER_SECONDS": env_float("MARKET_METER_SECONDS", 5.0, minimum=0.5),
     "QUEUE_SECONDS": env_float("MARKET_QUEUE_SECONDS", 5.0, minimum=0.5),
     "SPOT_PRICE_SECONDS": env_float("MARKET_SPOT_PRICE_SECONDS", 30.0, minimum=1),

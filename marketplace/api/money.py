@@ -7,8 +7,10 @@ from __future__ import annotations
 import csv
 import io
 from datetime import datetime, time, timezone
+from decimal import Decimal
 
 from django.conf import settings
+from django.utils import timezone as django_tz
 from django.db.models import Case, Exists, F, OuterRef, QuerySet, UUIDField, When
 from django.utils.dateparse import parse_date, parse_datetime
 from drf_spectacular.types import OpenApiTypes
@@ -19,7 +21,8 @@ from rest_framework.response import Response
 
 from marketplace.amounts import CENT, MICRO
 from marketplace.api.filtering import query_values
-from marketplace.models import Account, LedgerEntry, Order, Payment, Project, UsageRecord
+from marketplace.models import Account, AutoTopUp, LedgerEntry, Order, Payment, Project, UsageRecord
+from marketplace.lifecycle import budgets
 from marketplace.money import statements
 from marketplace.products import payments, projects
 from scheduler.errors import DomainError
@@ -92,12 +95,32 @@ class RefundSerializer(serializers.Serializer):
 
 
 class ProjectSerializer(serializers.ModelSerializer):
+    monthly_budget = serializers.DecimalField(
+        max_digits=12, decimal_places=2, min_value=Decimal("0.01"), allow_null=True, required=False,
+        help_text="USD per UTC calendar month, whole cents; null: no budget")
+    budget_cap = serializers.ChoiceField(
+        choices=Project.BudgetCap.choices, required=False,
+        help_text="soft: alerts only; hard: orders that would pass the budget are refused and on-demand and spot "
+                  "leases end at it (with a notice before)")
+
     class Meta:
         model = Project
-        fields = ["id", "name", "description", "created_at"]
+        fields = ["id", "name", "description", "monthly_budget", "budget_cap", "created_at"]
         read_only_fields = ["id", "created_at"]
         # The unique (user, name) rule is the service's to check: the serializer does not see the user.
         validators: list = []
+
+
+class ProjectBudgetSerializer(serializers.Serializer):
+    month = serializers.CharField(help_text="YYYY-MM, UTC")
+    budget = serializers.DecimalField(max_digits=12, decimal_places=2, allow_null=True)
+    cap = serializers.ChoiceField(choices=Project.BudgetCap.choices)
+    spent = serializers.DecimalField(max_digits=18, decimal_places=6,
+                                     help_text="month to date: what the project's statement totals")
+    held = serializers.DecimalField(max_digits=18, decimal_places=6,
+                                    help_text="what its on-demand and spot leases hold: owed, and their next minutes")
+    left = serializers.DecimalField(max_digits=18, decimal_places=6, allow_null=True,
+                                    help_text="budget less spent and held; null without a budget")
 
 
 class UsageRecordSerializer(serializers.ModelSerializer):
@@ -172,6 +195,44 @@ class TopUpResultSerializer(serializers.Serializer):
     client_secret = serializers.CharField(allow_null=True, help_text="confirm it in the browser with Stripe.js")
     publishable_key = serializers.CharField(allow_null=True, allow_blank=True)
     stripe_js = serializers.CharField(help_text="where to load Stripe.js from")
+
+
+@extend_schema_serializer(many=False)  # GET /auto-topup/ is the user's one row, not a list
+class AutoTopUpSerializer(serializers.ModelSerializer):
+    card = serializers.CharField(source="card_label", help_text="the saved card, e.g. visa •••• 4242; empty: none")
+    in_flight = serializers.SerializerMethodField(help_text="a charge is being made now")
+
+    class Meta:
+        model = AutoTopUp
+        fields = ["enabled", "threshold", "amount", "card", "in_flight", "failures", "last_attempt_at", "last_error",
+                  "disabled_reason"]
+        read_only_fields = fields
+
+    def get_in_flight(self, row) -> bool:
+        return row.in_flight_since is not None
+
+
+class AutoTopUpSetSerializer(serializers.Serializer):
+    enabled = serializers.BooleanField()
+    threshold = serializers.DecimalField(max_digits=12, decimal_places=2, min_value=Decimal("0"),
+                                         max_value=payments.TOPUP_MAX,
+                                         help_text="top up when the wallet is under this after a metering post")
+    amount = serializers.DecimalField(max_digits=12, decimal_places=2, min_value=payments.TOPUP_MIN,
+                                      max_value=payments.TOPUP_MAX, help_text="how much each top-up adds")
+
+
+class CardSetupSerializer(serializers.Serializer):
+    setup_intent = serializers.CharField()
+    client_secret = serializers.CharField(help_text="confirm it in the browser with Stripe.js (confirmCardSetup)")
+    publishable_key = serializers.CharField(allow_blank=True)
+    stripe_js = serializers.CharField(help_text="where to load Stripe.js from")
+
+
+class CardConfirmSerializer(serializers.Serializer):
+    card = serializers.RegexField(r"^\d{16}$", required=False,
+                                  help_text="confirm on the server with this card number (scripts, tests); without "
+                                            "it, the card confirmed in the browser is kept",
+                                  error_messages={"invalid": "a card number has 16 digits"})
 
 
 class ProjectRefSerializer(serializers.Serializer):
@@ -311,6 +372,42 @@ class TopUpViewSet(viewsets.GenericViewSet):
             status=status.HTTP_201_CREATED)
 
 
+class AutoTopUpViewSet(viewsets.ViewSet):
+    """Auto top-up from a saved card: GET the settings; POST {enabled, threshold, amount} sets them; POST card/ starts
+    saving a card (a Stripe SetupIntent to confirm with Stripe.js), POST card/confirm/ {card?} keeps it."""
+
+    write_scope = MONEY_SCOPE
+    error_statuses = {"create": (409,), "card": (502,), "card_confirm": (402, 409, 502)}
+
+    @extend_schema(operation_id="auto_topup_retrieve", responses=AutoTopUpSerializer)
+    def list(self, request):
+        return Response(AutoTopUpSerializer(payments.auto_topup_of(user=request.user)).data)
+
+    @extend_schema(operation_id="auto_topup_set", request=AutoTopUpSetSerializer, responses=AutoTopUpSerializer)
+    def create(self, request):
+        data = AutoTopUpSetSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        row = payments.auto_topup_configure(user=request.user, **data.validated_data)
+        return Response(AutoTopUpSerializer(row).data)
+
+    @extend_schema(operation_id="auto_topup_card_setup", request=None, responses=CardSetupSerializer)
+    @action(detail=False, methods=["post"])
+    def card(self, request):
+        row, secret = payments.card_setup_start(user=request.user)
+        return Response(CardSetupSerializer({"setup_intent": row.stripe_setup_intent_id, "client_secret": secret,
+                                             "publishable_key": settings.STRIPE_PUBLISHABLE_KEY,
+                                             "stripe_js": payments.stripe_js_url()}).data)
+
+    @extend_schema(operation_id="auto_topup_card_confirm", request=CardConfirmSerializer,
+                   responses=AutoTopUpSerializer)
+    @action(detail=False, methods=["post"], url_path="card/confirm")
+    def card_confirm(self, request):
+        data = CardConfirmSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        row = payments.card_setup_finish(user=request.user, card=data.validated_data.get("card"))
+        return Response(AutoTopUpSerializer(row).data)
+
+
 class PaymentViewSet(viewsets.ReadOnlyModelViewSet):
     """The user's top-ups. POST /payments/{id}/refund/ {amount?} refunds the unspent part to the card."""
 
@@ -364,6 +461,15 @@ class ProjectViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.
     def destroy(self, request, pk=None):
         projects.project_delete(project=self.get_object())
         return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(responses=ProjectBudgetSerializer)
+    @action(detail=True, methods=["get"])
+    def budget(self, request, pk=None):
+        """The project's month so far against its budget: spent, held by running leases, left."""
+        state = budgets.budget_state(project=self.get_object(), now=django_tz.now())
+        return Response(ProjectBudgetSerializer({"month": state.month, "budget": state.budget, "cap": state.cap,
+                                                 "spent": state.spent, "held": state.held,
+                                                 "left": state.left}).data)
 
 
 class UsageRecordViewSet(viewsets.ReadOnlyModelViewSet):

@@ -10,8 +10,6 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 
-from django.conf import settings
-from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
 from django.template.loader import render_to_string
 from django.utils import timezone
@@ -41,19 +39,10 @@ def _announce(alert: Alert) -> None:
 
 
 def _mail_after_commit(alert: Alert) -> None:
-    to = alert.user.email
-    if not to:
-        return
-    text = render_to_string("alerts/email/alert.txt", {"alert": alert, "user": alert.user})
-    subject, _, body = text.strip().partition("\n")
-
-    def send() -> None:
-        try:
-            send_mail(subject.strip(), body.strip() + "\n", settings.DEFAULT_FROM_EMAIL, [to])
-        except Exception:  # noqa: BLE001 (any backend's failure): the alert stands in the console and webhook
-            log.exception("could not e-mail alert %s to %s", alert.pk, to)
-
-    transaction.on_commit(send)
+    if alert.user.email:
+        text = render_to_string("alerts/email/alert.txt", {"alert": alert, "user": alert.user})
+        subject, _, body = text.strip().partition("\n")
+        events.mail_later(to=alert.user.email, subject=subject.strip(), body=body)
 
 
 def alert_fire(*, user, kind: str, subject_key: str, title: str, detail: str = "", severity: str = "warning",

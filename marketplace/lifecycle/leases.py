@@ -27,7 +27,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from marketplace import events, metering
-from marketplace.lifecycle import workloads
+from marketplace.lifecycle import budgets, workloads
 from marketplace.amounts import cost
 from marketplace.claims.holds import overlapping_reservations
 from marketplace.conf import market
@@ -398,6 +398,12 @@ def meter_tick(*, now: datetime | None = None) -> int:
     result = metering.meter_tick(now=now)
     for lease_id in dict.fromkeys(result.stop):
         lease_end(lease_id=lease_id, reason="insufficient_funds", at=now)
+    # Hard-capped projects: a notice BUDGET_NOTICE_SECONDS before the cap, then their pay-as-you-go leases end.
+    for reached in budgets.caps_reached(now=now):
+        with transaction.atomic():
+            budgets.cap_notice(reached, now=now)
+        for lease_id in reached.leases:
+            lease_end(lease_id=lease_id, reason="budget_cap", at=now)
     for w in result.warnings:
         with transaction.atomic():
             Lease.objects.filter(pk__in=w.leases).update(warned_at=now)

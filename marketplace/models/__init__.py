@@ -1,10 +1,10 @@
 """Market models, split by domain: accounts (API keys), billing (money), market (orders, leases, ...)."""
 from .accounts import AccountSecurity, ApiKey, NotificationSettings, ProviderProfile
-from .billing import (Account, LedgerCheck, LedgerEntry, LedgerTransaction, Payment, Project, StripeEvent,
+from .billing import (Account, AutoTopUp, BudgetNotice, LedgerCheck, LedgerEntry, LedgerTransaction, Payment, Project, StripeEvent,
                       UsageRecord)
 
 __all__ = ["AccountSecurity", "ApiKey", "NotificationSettings", "ProviderProfile"]
-__all__ += ["Account", "LedgerCheck", "LedgerEntry", "LedgerTransaction", "Payment", "Project", "StripeEvent", "UsageRecord"]
+__all__ += ["Account", "AutoTopUp", "BudgetNotice", "LedgerCheck", "LedgerEntry", "LedgerTransaction", "Payment", "Project", "StripeEvent", "UsageRecord"]
 from .market import (Interruption, Lease, LeaseFailureReport, Mode, Order, Reservation, ResaleListing, SpotBid,  # noqa: E402
                      SpotPrice)
 

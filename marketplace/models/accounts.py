@@ -34,7 +34,7 @@ class NotificationSettings(models.Model):
     """A user's account-level notifications: one webhook URL for market events, and which kinds are sent.
     An order's own webhook URL wins over it for that order's leases."""
 
-    KINDS = ("interruption", "lease_ended", "lease_failed", "balance_low", "alerts")
+    KINDS = ("interruption", "lease_ended", "lease_failed", "balance_low", "alerts", "budget")
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, related_name="notification_settings",
                                 on_delete=models.CASCADE)
@@ -44,6 +44,7 @@ class NotificationSettings(models.Model):
     lease_failed = models.BooleanField(default=True)
     balance_low = models.BooleanField(default=True)
     alerts = models.BooleanField(default=True, help_text="alerts firing and resolving (docs/operations.md)")
+    budget = models.BooleanField(default=True, help_text="a project nearing or at its hard cap; auto top-ups")
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:

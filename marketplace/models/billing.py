@@ -242,3 +242,60 @@ class LedgerCheck(models.Model):
 
     def __str__(self) -> str:
         return f"ledger check {self.ran_at:%Y-%m-%d %H:%M}: {'ok' if self.ok else f'{len(self.problems)} problems'}"
+
+
+class BudgetNotice(models.Model):
+    """What a project's hard cap said or did in one UTC month, once each: the notice N minutes before the cap
+    (`notice`) and the end of its pay-as-you-go leases at the cap (`stopped`). The unique row makes a second
+    tick (or a second beat worker) a no-op."""
+
+    class Kind(models.TextChoices):
+        NOTICE = "notice", "notice before the cap"
+        STOPPED = "stopped", "leases ended at the cap"
+
+    project = models.ForeignKey(Project, related_name="budget_notices", on_delete=models.CASCADE)
+    month = models.CharField(max_length=7)  # "2026-12", UTC
+    kind = models.CharField(max_length=8, choices=Kind.choices)
+    budget = models.DecimalField(max_digits=12, decimal_places=2)
+    spent = models.DecimalField(**MONEY)
+    at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["-at"]
+        constraints = [models.UniqueConstraint(fields=["project", "month", "kind"], name="budget_notice_once")]
+
+    def __str__(self) -> str:
+        return f"{self.project_id} {self.month} {self.kind}"
+
+
+class AutoTopUp(models.Model):
+    """A buyer's automatic top-up: a card saved through a Stripe SetupIntent, charged off session (a
+    PaymentIntent with off_session=true) for `amount` when the wallet falls below `threshold` after a metering
+    post. One top-up is in flight at a time (`in_flight_since`, taken by compare-and-set); after
+    MARKET["AUTO_TOPUP_MAX_FAILURES"] failures in a row it turns itself off and says why."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, related_name="auto_topup", on_delete=models.CASCADE)
+    enabled = models.BooleanField(default=False)
+    threshold = models.DecimalField(max_digits=12, decimal_places=2, default=Decimal("10.00"))
+    amount = models.DecimalField(max_digits=12, decimal_places=2, default=Decimal("50.00"))
+    stripe_customer_id = models.CharField(max_length=64, blank=True)
+    stripe_setup_intent_id = models.CharField(max_length=64, blank=True)
+    stripe_payment_method_id = models.CharField(max_length=64, blank=True)
+    card_label = models.CharField(max_length=40, blank=True, help_text="e.g. visa •••• 4242")
+    in_flight_since = models.DateTimeField(null=True, blank=True)
+    attempts = models.PositiveIntegerField(default=0)  # numbers each off-session charge's idempotency key
+    failures = models.PositiveIntegerField(default=0)  # in a row; reset by a success
+    last_attempt_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.CharField(max_length=400, blank=True)
+    last_payment = models.ForeignKey(Payment, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    disabled_reason = models.CharField(max_length=200, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=Q(threshold__gte=0), name="auto_topup_threshold_not_negative"),
+            models.CheckConstraint(condition=Q(amount__gt=0), name="auto_topup_amount_positive"),
+        ]
+
+    def __str__(self) -> str:
+        return f"auto top-up of {self.user_id}"

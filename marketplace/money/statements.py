@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from datetime import date, datetime, timezone
+from datetime import datetime, timezone
 from decimal import Decimal
 
 from django.db import connection
@@ -36,14 +36,32 @@ def cents(value: Decimal) -> str:
 def month_bounds(month: str | None) -> tuple[str, datetime, datetime]:
     """'2026-11' → (label, first instant, first instant of the next month), UTC; None → this month."""
     if not month:
-        today = date.today()
-        month = f"{today.year:04d}-{today.month:02d}"
+        month = month_of(datetime.now(timezone.utc))  # UTC, like the bounds (date.today() is the server's zone)
     if not re.fullmatch(r"\d{4}-\d{2}", month) or not (1 <= int(month[5:]) <= 12) or int(month[:4]) < 2000:
         raise DomainError("month is YYYY-MM, e.g. 2026-11", field="month")
     year, mon = int(month[:4]), int(month[5:])
     start = datetime(year, mon, 1, tzinfo=timezone.utc)
     end = datetime(year + (mon == 12), 1 if mon == 12 else mon + 1, 1, tzinfo=timezone.utc)
     return month, start, end
+
+
+def month_of(at: datetime) -> str:
+    """The UTC calendar month of `at` as 'YYYY-MM'."""
+    at = at.astimezone(timezone.utc)
+    return f"{at.year:04d}-{at.month:02d}"
+
+
+def project_spend(*, project_id: int, at: datetime) -> Decimal:
+    """A project's spending in the UTC month of `at` up to now, exact: what its statement totals — usage (the
+    metered minutes) plus the other charges booked under it (reserved windows paid when booked, resale purchases,
+    less refunds of charges); top-ups, refunds to the card and credits are not spending (NOT_SPENDING)."""
+    _, start, end = month_bounds(month_of(at))
+    usage = exact_sum(UsageRecord.objects.filter(project_id=project_id, minute__gte=start, minute__lt=end))
+    other = exact_sum(LedgerEntry.objects.filter(
+        project_id=project_id, account__user_id=F("project__user_id"), account__kind=Account.Kind.WALLET,
+        created_at__gte=start, created_at__lt=end)
+        .exclude(transaction__kind__in=NOT_SPENDING))
+    return usage - other  # a wallet line of a charge is negative
 
 
 def grouped(qs: QuerySet, keys: list[str], fields: list[str]) -> dict[tuple, dict[str, Decimal]]:
@@ -176,15 +194,3 @@ def wallet_activity(*, user, kind: str | None = None, since: datetime | None = N
              .values(*columns))
     # Each side unordered (SQLite refuses ORDER BY inside a compound statement), the union ordered.
     return singles.order_by().union(usage.order_by(), all=True).order_by("-at", "-first_at")
-
-
-def project_spend(*, project: Project, month: str | None = None) -> Decimal:
-    """What a project spent in a UTC calendar month (this one by default), exactly, as its statement totals it:
-    usage posted for its leases plus its other charges (reserved windows, resale, less reversals), not top-ups or
-    credits. Usage is posted once a minute, so the running minute is not in it yet."""
-    _, start, end = month_bounds(month)
-    usage = exact_sum(UsageRecord.objects.filter(project=project, minute__gte=start, minute__lt=end))
-    other = exact_sum(LedgerEntry.objects.filter(
-        project=project, account__user_id=project.user_id, account__kind=Account.Kind.WALLET,
-        created_at__gte=start, created_at__lt=end).exclude(transaction__kind__in=NOT_SPENDING))
-    return usage - other

@@ -395,7 +395,7 @@ def _spend(now: datetime) -> int:
         setting = rules.for_(user_id=project.user_id, kind=K.SPEND, project_id=project.pk)
         if not setting.enabled:
             continue
-        spend = project_spend(project=project, month=month)
+        spend = project_spend(project_id=project.pk, at=now)
         budget = project.monthly_budget
         reached = [p for p in setting.params["percents"] if spend >= budget * p / 100]
         if not reached:

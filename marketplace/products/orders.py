@@ -23,6 +23,7 @@ from marketplace.claims.holds import holds_for, order_span, request_for
 from marketplace.claims.refusals import refusal
 from marketplace.claims.windows import SlicesClaim
 from marketplace.conf import market
+from marketplace.lifecycle import budgets
 from marketplace.lifecycle.leases import lease_end, lease_interrupt, lease_open
 from marketplace.lifecycle.workloads import workload_create
 from marketplace.models import Lease, Mode, Order, Project, ReclaimPolicy, ResaleListing, Reservation, SpotBid
@@ -174,8 +175,12 @@ def order_place(*, buyer, spec: OrderSpec, now: datetime | None = None) -> Order
     project = _project(buyer=buyer, project_id=spec.project_id)
     workload = workload_resolve(spec.workload) if spec.workload is not None else None
     if spec.mode == Mode.RESALE:
-        return resale.listing_purchase(buyer=buyer, listing_id=spec.listing_id, now=now, project=project,
-                                       workload=workload).order
+        with transaction.atomic():
+            cap = budgets.cap_lock(project_id=project.pk if project else None, now=now)
+            order = resale.listing_purchase(buyer=buyer, listing_id=spec.listing_id, now=now, project=project,
+                                            workload=workload).order
+            budgets.cap_check(before=cap, now=now)
+        return order
     with transaction.atomic():
         order = _order(buyer=buyer, spec=spec, project=project)
         order.save()
@@ -206,10 +211,15 @@ def _try_place(*, order: Order, now: datetime, base: snapshot.MarketSnapshot | N
     """One placement attempt for `order` (locked or just created); `base` is a batch's snapshot. True when
     placed."""
     order.attempts += 1
+    # A hard-capped project's budget, for every mode (resale: order_place): its row locked before the claim, read
+    # again after it in the same transaction (lifecycle/budgets.py).
+    cap = budgets.cap_lock(project_id=order.project_id, now=now)
     if order.mode == Mode.RESERVED:
         placed = reservations.reservation_book(order=order, now=now, base=base)
         if not placed:
             order.save(update_fields=["attempts", "reasons", "explain"])
+        else:
+            budgets.cap_check(before=cap, now=now)
         return placed
     allow_preemption = order.mode == Mode.ON_DEMAND and (order.preempt_until is None or order.preempt_until <= now)
     start, end = order_span(order, now=now)
@@ -218,6 +228,7 @@ def _try_place(*, order: Order, now: datetime, base: snapshot.MarketSnapshot | N
     decision, slices = allocate(claim=claim, retries=market("PLACE_RETRIES"))
     if slices:
         _open_leases(order=order, slices=slices, now=now)
+        budgets.cap_check(before=cap, now=now)
         return True
     order.reasons, order.explain = decision.reasons, refusal(request=claim.request, reasons=decision.reasons)[:500]
     if decision.ok and decision.preempt:
@@ -297,7 +308,7 @@ def orders_retry(*, now: datetime | None = None) -> int:
                 if _try_place(order=order, now=now, base=base):
                     placed += 1
                     base = snapshot.fresh()
-        except ledger.InsufficientFunds as exc:
+        except (ledger.InsufficientFunds, budgets.OverBudget) as exc:
             Order.objects.filter(pk=order_id, state=Order.State.QUEUED).update(
                 state=Order.State.FAILED, explain=exc.message[:500])
             base = snapshot.fresh()

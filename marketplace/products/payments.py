@@ -10,16 +10,21 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import datetime, timedelta
 from decimal import ROUND_DOWN, Decimal
 
 import stripe
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
 
-from marketplace.models import Payment, StripeEvent
+from marketplace import events
+from marketplace.models import AutoTopUp, Payment, StripeEvent
 from marketplace.amounts import CENT, in_cents, money
-from marketplace.conf import PaymentsUnavailable, stripe_configure
+from marketplace.conf import PaymentsUnavailable, market, stripe_configure
+from marketplace.lifecycle.alerts import alert_fire, alert_resolve
 from marketplace.money import ledger, movements, payouts as payout_books
 from scheduler.errors import Conflict, DomainError, NotFound
 
@@ -133,6 +138,8 @@ def apply_succeeded_intent(*, intent_id: str, amount_cents: int, currency: str, 
         if amount != payment.amount:
             raise DomainError(f"PaymentIntent {intent_id} is for {amount} USD, the payment for {payment.amount} USD")
         movements.topup(user=payment.user, amount=amount, intent_id=intent_id)
+        if metadata.get(AUTO_TOPUP):
+            _auto_settled(intent_id=intent_id)
         if payment.status not in (Payment.Status.SUCCEEDED, Payment.Status.REFUNDED):
             payment.status = Payment.Status.SUCCEEDED
             payment.failure_message = ""
@@ -188,6 +195,12 @@ def _apply_event(event_type: str, obj: dict, *, event_id: str, account: str | No
             status__in=[Payment.Status.SUCCEEDED, Payment.Status.REFUNDED]).update(
             status=Payment.Status.FAILED, failure_message=(error.get("message") or "")[:400],
             decline_code=(error.get("decline_code") or error.get("code") or "")[:80])
+        if (obj.get("metadata") or {}).get(AUTO_TOPUP):
+            # A charge left processing failed later; one that failed at once was counted then (not in flight now).
+            row = AutoTopUp.objects.filter(last_payment__stripe_payment_intent_id=obj.get("id"),
+                                           in_flight_since__isnull=False).first()
+            if row is not None:
+                _auto_failed(row, error.get("message") or "Your card was declined.", now=timezone.now())
     elif event_type == "transfer.reversed":
         # A provider payout's transfer taken back (Stripe's dashboard or API): the money returns to its earnings.
         if obj.get("currency", "usd") != "usd":
@@ -278,3 +291,197 @@ def payment_refund(*, payment_id, user=None, amount: Decimal | None = None, unsp
         payment.save(update_fields=["refunded_amount", "status", "updated_at"])
     return payment
 
+
+
+# --- auto top-up: a card saved with a SetupIntent, charged off session ------------------------------------------
+#
+# States of an AutoTopUp: no card → card saved (SetupIntent succeeded) → enabled; enabled and the wallet under the
+# threshold after a metering post → one charge in flight (in_flight_since, taken by compare-and-set) → succeeded
+# (credited, failures back to 0) or failed (failures + 1; at AUTO_TOPUP_MAX_FAILURES it turns itself off, with a
+# notice). A charge Stripe leaves processing stays in flight until its webhook settles it, or IN_FLIGHT_STALE passes.
+
+IN_FLIGHT_STALE = timedelta(hours=1)
+AUTO_TOPUP = "auto_topup"  # the PaymentIntent's metadata marks an off-session top-up
+
+
+def auto_topup_of(*, user) -> AutoTopUp:
+    """The user's auto top-up settings (unsaved defaults, off and without a card, before the first save)."""
+    found = AutoTopUp.objects.filter(user=user).first()
+    return found if found is not None else AutoTopUp(user=user)
+
+
+def _auto_row(user) -> AutoTopUp:
+    row, _ = AutoTopUp.objects.select_for_update().get_or_create(user=user)
+    return row
+
+
+def card_setup_start(*, user) -> tuple[AutoTopUp, str]:
+    """Start saving a card for auto top-up: a Stripe customer (once) and a SetupIntent for off-session use. Returns
+    the row and the SetupIntent's client secret, which Stripe.js confirms with the card in the browser."""
+    stripe_configure()
+    with transaction.atomic():
+        # Lock the row: two setup clicks must not make two Stripe customers.
+        row = _auto_row(user)
+        try:
+            if not row.stripe_customer_id:
+                row.stripe_customer_id = stripe.Customer.create(
+                    email=user.email or None, metadata={"user_id": str(user.pk)},
+                    idempotency_key=f"customer:{user.pk}").id
+            intent = stripe.SetupIntent.create(customer=row.stripe_customer_id, usage="off_session",
+                                               payment_method_types=["card"], metadata={"user_id": str(user.pk)})
+        except stripe.StripeError as exc:
+            raise _provider_error(exc) from exc
+        row.stripe_setup_intent_id = intent.id
+        row.save(update_fields=["stripe_customer_id", "stripe_setup_intent_id", "updated_at"])
+    return row, intent.client_secret
+
+
+def card_setup_finish(*, user, card: str | None = None) -> AutoTopUp:
+    """Keep the card of the user's SetupIntent once Stripe says it succeeded; with `card` (scripts and tests;
+    browsers confirm with Stripe.js) confirm it here first. A new card clears the failures of the old one."""
+    row = auto_topup_of(user=user)
+    if not row.stripe_setup_intent_id:
+        raise Conflict("Start saving a card first.", code="no_setup")
+    if card is not None and not (card.isdigit() and len(card) == 16):
+        raise DomainError("a card number has 16 digits", field="card")
+    stripe_configure()
+    try:
+        if card is not None:
+            method = stripe.PaymentMethod.create(type="card", card={"number": card, "exp_month": 12,
+                                                                    "exp_year": 2034, "cvc": "123"})
+            intent = stripe.SetupIntent.confirm(row.stripe_setup_intent_id, payment_method=method.id)
+        else:
+            intent = stripe.SetupIntent.retrieve(row.stripe_setup_intent_id)
+        if intent.status != "succeeded" or not intent.payment_method:
+            raise Conflict("The card is not saved yet: Stripe has not confirmed it (3-D Secure may be pending).",
+                           code="setup_pending", details={"status": intent.status})
+        method_id = intent.payment_method if isinstance(intent.payment_method, str) else intent.payment_method.id
+        card_facts = stripe.PaymentMethod.retrieve(method_id).to_dict().get("card") or {}
+    except stripe.CardError as exc:
+        raise DomainError(exc.user_message or "Your card was declined.", code="card_declined", status=402) from exc
+    except stripe.StripeError as exc:
+        raise _provider_error(exc) from exc
+    with transaction.atomic():
+        row = _auto_row(user)
+        row.stripe_payment_method_id = method_id
+        row.card_label = f"{card_facts.get('brand') or 'card'} •••• {card_facts.get('last4') or '????'}"[:40]
+        row.failures, row.last_error, row.disabled_reason = 0, "", ""
+        row.save(update_fields=["stripe_payment_method_id", "card_label", "failures", "last_error", "disabled_reason",
+                                "updated_at"])
+        alert_resolve(user=user, subject_key=_auto_alert_key(user.pk))
+    return row
+
+
+def _auto_alert_key(user_id) -> str:
+    return f"auto-topup:{user_id}"
+
+
+def auto_topup_configure(*, user, enabled: bool, threshold, amount) -> AutoTopUp:
+    """Turn auto top-up on or off, with the wallet balance under which it tops up and by how much (whole cents)."""
+    amount = topup_amount(amount)
+    threshold = money(threshold, field="threshold")
+    if threshold != threshold.quantize(CENT) or not (Decimal("0") <= threshold <= TOPUP_MAX):
+        raise DomainError(f"the threshold is a whole number of cents from 0 to {TOPUP_MAX} USD", field="threshold")
+    with transaction.atomic():
+        row = _auto_row(user)
+        if enabled and not row.stripe_payment_method_id:
+            raise Conflict("Save a card first: auto top-up charges a saved card.", code="no_card")
+        row.enabled, row.threshold, row.amount = bool(enabled), threshold.quantize(CENT), amount
+        if enabled:
+            row.failures, row.disabled_reason = 0, ""
+        row.save(update_fields=["enabled", "threshold", "amount", "failures", "disabled_reason", "updated_at"])
+        if enabled:
+            alert_resolve(user=user, subject_key=_auto_alert_key(user.pk))
+    return row
+
+
+def auto_topups_due(*, now: datetime | None = None) -> list[int]:
+    """Users whose auto top-up is on, with no charge in flight (or one stale), and whose wallet is under its
+    threshold: the meter's task runs auto_topup_run for each after its tick."""
+    now = now or timezone.now()
+    rows = list(AutoTopUp.objects.filter(enabled=True).exclude(in_flight_since__gt=now - IN_FLIGHT_STALE)
+                .values_list("user_id", "threshold"))
+    balances = ledger.wallet_balances(u for u, _ in rows)
+    return [u for u, threshold in rows if balances.get(u, Decimal("0")) < threshold]
+
+
+def auto_topup_run(*, user_id, now: datetime | None = None) -> Payment | None:
+    """Charge the saved card off session for the configured amount if the wallet is still under the threshold.
+    At most one in flight: the row is taken by compare-and-set, so a second task (a redelivery, a second beat)
+    does nothing. Returns the payment, or None when nothing was due or another run holds it."""
+    now = now or timezone.now()
+    # Compare-and-set: the race is two runs for one user (the beat's next tick, a redelivered task).
+    taken = (AutoTopUp.objects.filter(user_id=user_id, enabled=True)
+             .exclude(in_flight_since__gt=now - IN_FLIGHT_STALE)
+             .update(in_flight_since=now, attempts=F("attempts") + 1, last_attempt_at=now))
+    if not taken:
+        return None
+    row = AutoTopUp.objects.select_related("user").get(user_id=user_id)
+    if ledger.wallet_balance(user=row.user) >= row.threshold:
+        AutoTopUp.objects.filter(pk=row.pk).update(in_flight_since=None)
+        return None
+    stripe_configure()
+    payment_id = uuid.uuid4()
+    try:
+        intent = stripe.PaymentIntent.create(
+            amount=in_cents(row.amount), currency="usd", customer=row.stripe_customer_id,
+            payment_method=row.stripe_payment_method_id, off_session=True, confirm=True,
+            metadata={"user_id": str(row.user_id), "payment_id": str(payment_id), AUTO_TOPUP: "1"},
+            # One key per attempt: a retried call of the same attempt is the same charge at Stripe.
+            idempotency_key=f"autotopup:{row.pk}:{row.attempts}")
+    except stripe.CardError as exc:
+        return _auto_failed(row, exc.user_message or "Your card was declined.", now=now)
+    except stripe.StripeError as exc:
+        log.warning("auto top-up of %s: stripe call failed: %s", row.user_id, exc)
+        return _auto_failed(row, "The payment provider could not be reached or refused the charge.", now=now)
+    status = intent.status if intent.status in Payment.Status.values else Payment.Status.PROCESSING
+    payment = Payment.objects.create(id=payment_id, user=row.user, stripe_payment_intent_id=intent.id,
+                                     amount=row.amount, status=status)
+    AutoTopUp.objects.filter(pk=row.pk).update(last_payment=payment)
+    if intent.status == "succeeded":
+        payment = apply_succeeded_intent(intent_id=intent.id, amount_cents=intent.amount, currency=intent.currency,
+                                         metadata=intent.metadata.to_dict() if intent.metadata else {})
+    elif intent.status in ("requires_payment_method", "requires_action", "canceled"):
+        # Off session nobody can answer 3-D Secure: the card needs the buyer (save it again, on session).
+        error = ((intent.to_dict().get("last_payment_error") or {}).get("message")
+                 or f"the charge needs the card holder ({intent.status})")
+        Payment.objects.filter(pk=payment.pk).update(status=Payment.Status.FAILED, failure_message=error[:400])
+        return _auto_failed(row, error, now=now, payment=payment)
+    return payment
+
+
+def _auto_settled(*, intent_id: str) -> None:
+    """An off-session top-up succeeded (here or by its webhook): the next one may start; failures are forgiven."""
+    AutoTopUp.objects.filter(last_payment__stripe_payment_intent_id=intent_id).update(
+        in_flight_since=None, failures=0, last_error="")
+
+
+def _auto_failed(row: AutoTopUp, message: str, *, now: datetime, payment: Payment | None = None) -> Payment | None:
+    """Count a failed off-session charge; at AUTO_TOPUP_MAX_FAILURES in a row turn auto top-up off and say so."""
+    limit = market("AUTO_TOPUP_MAX_FAILURES")
+    with transaction.atomic():
+        row = AutoTopUp.objects.select_for_update().select_related("user").get(pk=row.pk)
+        row.failures += 1
+        row.last_error, row.in_flight_since = message[:400], None
+        off = row.failures >= limit
+        if off:
+            row.enabled = False
+            row.disabled_reason = f"turned off after {row.failures} failed charges in a row: {message}"[:200]
+        row.save(update_fields=["failures", "last_error", "in_flight_since", "enabled", "disabled_reason",
+                                "updated_at"])
+        if off:
+            event = {"type": "auto_topup_disabled", "failures": row.failures, "last_error": row.last_error,
+                     "message": f"Auto top-up is off: {row.disabled_reason}"}
+            events.tell_buyer(row.user_id, event)
+            # The bell too, until a card is saved again or auto top-up is turned back on (the e-mail below is its
+            # own, not a second one).
+            alert_fire(user=row.user, kind="other", subject_key=_auto_alert_key(row.user_id), severity="critical",
+                       title="Auto top-up is off: your card was not charged", detail=row.disabled_reason, email=False,
+                       now=now)
+            events.notify_webhook(user_id=row.user_id, kind="budget", payload=event)
+            if row.user.email:
+                events.mail_later(to=row.user.email, subject="Auto top-up is off: your card was not charged",
+                                  body=f"Auto top-up of your wallet failed {row.failures} times in a row "
+                                       f"({message}) and is now off. Save a card again or top up by hand; "
+                                       f"leases stop when the wallet runs out.")
+    return payment

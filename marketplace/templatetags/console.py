@@ -102,7 +102,8 @@ def profile_name(profile) -> str:
 
 
 # Why a lease ended, as its buyer reads it (the lifecycle records short reasons: marketplace/lifecycle/leases.py).
-END_REASONS = {"insufficient_funds": "the wallet ran out of money", "duration over": "its duration was over",
+END_REASONS = {"insufficient_funds": "the wallet ran out of money",
+               "budget_cap": "its project reached its monthly budget (a hard cap)", "duration over": "its duration was over",
                "window over": "its reserved window was over", "interrupted": "interrupted (spot)",
                "ended by the buyer": "you ended it", "cancelled by the buyer": "you cancelled its order",
                "node offline": "its node went offline", "instance destroyed": "its slice was destroyed"}

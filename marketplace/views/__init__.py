@@ -1,8 +1,9 @@
 """Console pages, by domain. Thin: parse input, call a selector or service, render."""
 from .account import (account, api_key_create, api_key_revoke, notifications_save, project_create,  # noqa: F401
-                      project_delete, ssh_key_add, ssh_key_delete, two_factor)
+                      project_delete, project_detail, ssh_key_add, ssh_key_delete, two_factor)
 from .alerts import alert_list, alert_rule_delete, alert_rules  # noqa: F401
-from .billing import balance_fragment, billing, statement_csv, topup  # noqa: F401
+from .billing import (auto_topup_card, auto_topup_card_done, auto_topup_save, balance_fragment, billing,  # noqa: F401
+                      statement_csv, topup)
 from .catalog import catalog, unit_detail  # noqa: F401
 from .earnings import (earnings, payout_account_connect, payout_account_refresh, payout_account_return,  # noqa: F401
                        payout_cancel, payout_request)

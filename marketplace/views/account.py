@@ -12,14 +12,19 @@ from base64 import b32encode
 
 import segno
 
+from django.utils import timezone
+
 from marketplace import notifications
+from marketplace.lifecycle import budgets
 from marketplace.models import ApiKey, Project, ProviderProfile, SshKey
+from marketplace.amounts import usd
+from marketplace.conf import market
 from marketplace.products import apikeys, projects, workloads
 from marketplace.products.accounts import totp
 from scheduler.errors import DomainError
 
 from ..account_forms import CodeForm
-from ..forms import ApiKeyForm, NotificationSettingsForm, ProjectForm, SshKeyForm
+from ..forms import ApiKeyForm, NotificationSettingsForm, ProjectBudgetForm, ProjectForm, SshKeyForm
 from .common import Confirm, add_domain_error, confirm_page, mark_invalid
 
 
@@ -144,6 +149,40 @@ def project_delete(request, project_id):
     else:
         messages.success(request, f"Project “{project.name}” deleted.")
     return redirect("console:account")
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def project_detail(request, project_id):
+    """A project: its month against its budget, and the budget form (soft or hard cap)."""
+    project = Project.objects.filter(pk=project_id, user=request.user).first()
+    if project is None:
+        messages.error(request, "No such project among yours.")
+        return redirect("console:account")
+    status = 200
+    if request.method == "POST":
+        form = ProjectBudgetForm(request.POST)
+        if form.is_valid():
+            try:
+                projects.project_budget_set(project=project, monthly_budget=form.cleaned_data["monthly_budget"],
+                                            budget_cap=form.cleaned_data["budget_cap"])
+            except DomainError as exc:
+                add_domain_error(form, exc)
+            else:
+                budget = project.monthly_budget
+                messages.success(request, f"Project “{project.name}”: no budget." if budget is None else
+                                 f"Project “{project.name}”: a {project.budget_cap} cap at {usd(budget)} a month.")
+                return redirect("console:project", project_id=project.pk)
+        mark_invalid(form)
+        status = 400
+    else:
+        form = ProjectBudgetForm(initial={"monthly_budget": project.monthly_budget, "budget_cap": project.budget_cap})
+    state = budgets.budget_state(project=project, now=timezone.now())
+    return render(request, "console/project.html", {
+        "project": project, "state": state, "form": form, "nav": "account",
+        "notice_minutes": int(market("BUDGET_NOTICE_SECONDS") // 60),
+        "hold_minutes": int(market("MIN_PREPAID_SECONDS") // 60),
+        "pct": min(100, int(state.share * 100)) if state.share is not None else None}, status=status)
 
 
 @login_required

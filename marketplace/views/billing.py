@@ -12,7 +12,9 @@ from django.conf import settings
 from django.contrib.auth.decorators import login_required
 from django.core.paginator import Paginator
 from django.http import HttpResponse, JsonResponse
-from django.shortcuts import render
+from django.contrib import messages
+from django.shortcuts import redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from marketplace.models import Lease, Payment, Project
@@ -21,8 +23,10 @@ from nodeagent.hardware.gpus import name_of
 from marketplace.products import payments
 from scheduler.errors import DomainError
 
-from ..forms import LedgerFilterForm, TopUpForm
-from .common import mark_invalid, month_param
+from marketplace.amounts import usd
+
+from ..forms import AutoTopUpForm, LedgerFilterForm, TopUpForm
+from .common import add_domain_error, mark_invalid, month_param
 
 PAGE = 50
 
@@ -74,7 +78,8 @@ def _without_page(params) -> str:
 
 
 @login_required
-def billing(request):
+def billing(request, *, auto_form=None):
+    auto = payments.auto_topup_of(user=request.user)
     form = LedgerFilterForm(request.GET or None, user=request.user)
     month = month_param(request)
     project_id = request.GET.get("statement_project") or None
@@ -91,6 +96,8 @@ def billing(request):
         "payments": Payment.objects.filter(user=request.user).order_by("-created_at")[:10],
         "stripe_js": payments.stripe_js_url() if settings.STRIPE_SECRET_KEY else None,
         "stripe_pk": settings.STRIPE_PUBLISHABLE_KEY, "fake_stripe": bool(settings.STRIPE_API_BASE),
+        "auto": auto, "auto_form": auto_form or AutoTopUpForm(prefix="auto", initial={
+            "enabled": auto.enabled, "threshold": auto.threshold, "amount": auto.amount}),
         "query": request.GET.urlencode(), "nav": "billing", "ledger_query": _without_page(request.GET)}, status=400 if form.errors else 200)
 
 
@@ -118,6 +125,51 @@ def topup(request):
                             status=exc.status)
     return JsonResponse({"payment": str(payment.pk), "status": payment.status,
                          "client_secret": getattr(payment, "client_secret", None)}, status=201)
+
+
+@login_required
+@require_POST
+def auto_topup_save(request):
+    """Auto top-up's settings: on or off, the threshold and the amount."""
+    form = AutoTopUpForm(request.POST, prefix="auto")
+    if form.is_valid():
+        try:
+            row = payments.auto_topup_configure(user=request.user, **form.cleaned_data)
+        except DomainError as exc:
+            add_domain_error(form, exc)
+        else:
+            messages.success(request, f"Auto top-up is on: {usd(row.amount)} whenever the wallet is under "
+                                      f"{usd(row.threshold)}." if row.enabled else "Auto top-up is off.")
+            return redirect(reverse("console:billing") + "#auto-topup")
+    mark_invalid(form)
+    request.method = "GET"
+    response = billing(request, auto_form=form)
+    response.status_code = 400
+    return response
+
+
+@login_required
+@require_POST
+def auto_topup_card(request):
+    """Start saving a card (JSON for the page's script): the SetupIntent's client secret, which Stripe.js confirms
+    with the card element (confirmCardSetup)."""
+    try:
+        _, secret = payments.card_setup_start(user=request.user)
+    except DomainError as exc:
+        return JsonResponse({"errors": {"__all__": [exc.message]}}, status=exc.status)
+    return JsonResponse({"client_secret": secret}, status=201)
+
+
+@login_required
+@require_POST
+def auto_topup_card_done(request):
+    """Keep the card once Stripe says its SetupIntent succeeded."""
+    try:
+        row = payments.card_setup_finish(user=request.user)
+    except DomainError as exc:
+        return JsonResponse({"errors": {"__all__": [exc.message]}}, status=exc.status)
+    messages.success(request, f"Card saved for auto top-up: {row.card_label}.")
+    return JsonResponse({"card": row.card_label})
 
 
 @login_required

@@ -2,14 +2,10 @@
 Django's e-mail backend once the transaction that decided to send them has committed."""
 from __future__ import annotations
 
-import logging
-
 from django.conf import settings
-from django.core.mail import send_mail
-from django.db import transaction
 from django.template.loader import render_to_string
 
-log = logging.getLogger(__name__)
+from marketplace import events
 
 
 def send_after_commit(*, template: str, to: str, context: dict) -> None:
@@ -17,14 +13,7 @@ def send_after_commit(*, template: str, to: str, context: dict) -> None:
     that refuses is logged, not raised: the account's change stands and the user can ask for the mail again."""
     text = render_to_string(f"accounts/email/{template}.txt", context)
     subject, _, body = text.strip().partition("\n")
-
-    def send() -> None:
-        try:
-            send_mail(subject.strip(), body.strip() + "\n", settings.DEFAULT_FROM_EMAIL, [to])
-        except Exception:  # noqa: BLE001 (any backend's failure: SMTP refused, timeout, disk full)
-            log.exception("could not send the %s e-mail to %s", template, to)
-
-    transaction.on_commit(send)
+    events.mail_later(to=to, subject=subject.strip(), body=body)
 
 
 def where_unsent_mail_goes() -> str | None:
