@@ -51,3 +51,15 @@ def _gpu_catalog(request):
 
         request.getfixturevalue("django_db_setup")
         catalog_sync()
+
+
+@pytest.fixture(autouse=True)
+def _ledger_account_ids(request):
+    """The ledger remembers account ids once their transaction commits; a test that ran its on-commit callbacks
+    inside its rolled-back transaction leaves ids of rows that are gone (the ledger then resolves them again, which
+    costs the next test's query counts a lookup each). Forget them after every database test."""
+    yield
+    if request.node.get_closest_marker("django_db"):
+        from marketplace.money.ledger import forget_account_ids
+
+        forget_account_ids()
