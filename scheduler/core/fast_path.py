@@ -12,7 +12,7 @@ import heapq
 
 from nodeagent.hardware import mig
 from .model import Request
-from .placement import Option, multi_option, single_option, waste_for
+from .placement import Option, list_cost, multi_option, single_option, waste_for
 from .pool import FIXED, WHOLE, GpuRecord, Pool
 from .regions import rtt_ms
 from .scorers import LatencyScorer, Scorer
@@ -50,23 +50,26 @@ class FastSearch:
                     best = (s, opt)
         return (best[1] if best else None), considered
 
-    def _lists(self, request: Request) -> list[tuple[float, list[tuple[float, int]]]]:
-        """Index lists that can hold a fitting GPU, each with the latency term of its region (some may be
-        empty now). Memoised per request shape until the pool creates a new index list (`avail_epoch`)."""
+    def _lists(self, request: Request) -> list[tuple[float, float, list[tuple[float, int]]]]:
+        """Index lists that can hold a fitting GPU, each with the latency term of its region and the packing
+        cost every GPU of the list shares (`list_cost`) (some may be empty now). Memoised per request shape
+        until the pool creates a new index list (`avail_epoch`) or the demand mix is refreshed."""
         alive = self.alive_kinds(request)
         key = (alive, request.memory_gb, request.compute_slices, request.wants_whole, request.profile,
-               request.regions, request.buyer_region)
+               request.regions, request.buyer_region, request.mode == "spot")
         hit = self._lists_memo.get(key)
-        if hit is not None and hit[0] == self.pool.avail_epoch:
+        stamp = (self.pool.avail_epoch, self.pool.mix.version)
+        if hit is not None and hit[0] == stamp:
             return hit[1]
         out = self._lists_of(request, alive)
         if len(self._lists_memo) > 4096:
             self._lists_memo.clear()
-        self._lists_memo[key] = (self.pool.avail_epoch, out)
+        self._lists_memo[key] = (stamp, out)
         return out
 
-    def _lists_of(self, request: Request, alive) -> list[tuple[float, list[tuple[float, int]]]]:
+    def _lists_of(self, request: Request, alive) -> list[tuple[float, float, list[tuple[float, int]]]]:
         pool = self.pool
+        avail = pool.avail_spot if request.mode == "spot" else pool.avail  # the order the request is scored in
         out = []
         for model in sorted({m for m, _ in alive}):
             keys = {FIXED} if (model, True) in alive else set()
@@ -79,9 +82,10 @@ class FastSearch:
                 if p is not None:
                     keys.add(p.name)
             for key in keys:
-                for region, lst in pool.avail.get((model, key), {}).items():
+                cost = list_cost(pool, model, key, request)
+                for region, lst in avail.get((model, key), {}).items():
                     if request.regions is None or region in request.regions:
-                        out.append((self._lat_term(request.buyer_region, region), lst))
+                        out.append((self._lat_term(request.buyer_region, region), cost, lst))
         return out
 
     def _fitting(self, model: str, g: mig.MigGeometry, request: Request) -> mig.MigProfile | None:
@@ -108,8 +112,11 @@ class FastSearch:
                 return self._nodes(request, weights, [n for c, ids in pool.nodes_by_free.items() if c >= k
                                                       for n in ids])
         lists = self._lists(request)
-        # list entries are (-static key, pool index); the heap pops the highest key + latency term first
-        heap = [(-(lat - lst[0][0]), n, 0) for n, (lat, lst) in enumerate(lists) if lst]
+        # list entries are (-static key, pool index); the heap pops the highest static key + latency term −
+        # packing share × the list's packing cost first
+        wp = 100.0 * next((share for sc, share in self._cur_shares if sc.name == "packing"), 0.3)
+        offsets = [lat - wp * cost for lat, cost, _ in lists]
+        heap = [(-(offsets[n] - lst[0][0]), n, 0) for n, (_, _, lst) in enumerate(lists) if lst]
         heapq.heapify(heap)
         cache: dict = {}
         seen: set[int] = set()
@@ -123,9 +130,9 @@ class FastSearch:
         multi = request.gpu_count > 1
         while heap and considered < self.max_candidates:
             _, n, pos = heapq.heappop(heap)
-            lat, lst = lists[n]
+            lst = lists[n][2]
             if pos + 1 < len(lst):
-                heapq.heappush(heap, (-(lat - lst[pos + 1][0]), n, pos + 1))
+                heapq.heappush(heap, (-(offsets[n] - lst[pos + 1][0]), n, pos + 1))
             idx = lst[pos][1]
             if idx in seen:
                 continue
@@ -198,7 +205,15 @@ class FastSearch:
         entry. The static walk ignores packing, so this second, short walk brings the tightest fits into the
         comparison; the caller stops it."""
         pool = self.pool
-        pending: list[tuple[float, int, float, list, dict]] = []  # (next bucket's cost, n, waste, ranked, buckets)
+        spot = request.mode == "spot"
+        by_layout = pool.by_layout_spot if spot else pool.by_layout
+        lats = self._region_lats(request)
+        wp = 100.0 * next((share for sc, share in self._cur_shares if sc.name == "packing"), 0.3)
+        top_keys = pool.model_max_skey if spot else pool.model_max_key
+        lat_top = self._max_lat(request)
+        # (−the best estimate any GPU of the kind's next bucket can have, n, its cost, waste, ranked, buckets,
+        # the kind's highest static key + latency term)
+        pending: list[tuple[float, int, float, float, list, dict, float]] = []
         for n, (model, mig_off) in enumerate(sorted(self.alive_kinds(request))):
             g = pool.spec(model).mig
             if mig_off or g is None:
@@ -209,19 +224,20 @@ class FastSearch:
             ranked = self._layout_rank(model, g, p.name)
             if ranked:
                 waste = waste_for(pool, model, True, request, p.memory_gb)
-                pending.append((_q(ranked[0][0] + waste), n, waste, ranked, pool.by_layout.get((model, p.name), {})))
+                top = top_keys[model] + lat_top
+                cost = _q(ranked[0][0] + waste)
+                pending.append((wp * cost - top, n, cost, waste, ranked, by_layout.get((model, p.name), {}), top))
         heapq.heapify(pending)
-        lats = self._region_lats(request)
-        wp = 100.0 * next((share for sc, share in self._cur_shares if sc.name == "packing"), 0.3)
-        top = pool.max_key + DEFAULT_WEIGHTS.get("latency") * 100.0  # no static key + latency term is above
         pos = {}  # kind n -> position of its next bucket in `ranked`
         # (−estimate, pool index, position in list or −1 for an unsplit bucket, latency term, list or bucket)
         heap: list[tuple[float, int, int, float, object]] = []
         opened = 0  # GPUs in the buckets opened so far
-        enough = 4 * self.packing_candidates  # the caller stops after this many: later buckets cannot matter
+        enough = 4 * self.packing_candidates  # the caller stops after this many offered
+        cutoff = float("inf")  # once `enough` are open, only buckets this cheap (ties and near-ties) still open
         while True:
-            while pending and (not heap or (wp * pending[0][0] - top <= heap[0][0] and opened < enough)):
-                cost, n, waste, ranked, buckets = heapq.heappop(pending)
+            while pending and (not heap or pending[0][0] <= heap[0][0]) and (opened < enough or
+                                                                             pending[0][2] <= cutoff):
+                _, n, cost, waste, ranked, buckets, top = heapq.heappop(pending)
                 i = pos.get(n, 0)
                 # the bucket goes in as one item, ranked by its best region list's head; it is split into
                 # its region lists when it comes out on top
@@ -239,8 +255,11 @@ class FastSearch:
                 if head is not None:
                     heapq.heappush(heap, (head[0], head[1], -1, wp * cost, buckets[ranked[i][1]]))
                 pos[n] = i + 1
+                if opened >= enough and cutoff == float("inf"):
+                    cutoff = cost + NEAR_TIE / wp
                 if i + 1 < len(ranked):
-                    heapq.heappush(pending, (_q(ranked[i + 1][0] + waste), n, waste, ranked, buckets))
+                    cost = _q(ranked[i + 1][0] + waste)
+                    heapq.heappush(pending, (wp * cost - top, n, cost, waste, ranked, buckets, top))
             if not heap:
                 return
             _, idx, j, c, lst = heapq.heappop(heap)
@@ -255,6 +274,13 @@ class FastSearch:
                 nxt = lst[j + 1]  # type: ignore[index]
                 heapq.heappush(heap, (c + nxt[0], nxt[1], j + 1, c, lst))
             yield idx
+
+    def _max_lat(self, request: Request) -> float:
+        """No region the request allows has a higher latency term in the static order than this: the buyer's
+        own region (any region when the buyer's is unknown), or the best of the allowed ones."""
+        regions = (request.buyer_region,) if request.regions is None else request.regions
+        return max((self._lat_term(request.buyer_region, r) for r in regions if r is not None),
+                   default=self._lat_term(None, ""))
 
     def _region_lats(self, request: Request) -> dict[str, float]:
         """region -> the latency term of the static order, filled as regions are met (allowed ones only)."""
@@ -290,6 +316,12 @@ class FastSearch:
             ranked.sort()
             hit = self._rank_cache[key] = (stamp, ranked)
         return hit[1]
+
+
+# score points (of 100): buckets whose packing term is this close to the last one the budget opened are opened
+# too, so GPUs that equal or nearly equal fits would have reached on price, reliability or interruptions are
+# not cut off by the order in which equal-cost buckets happened to be ranked
+NEAR_TIE = 0.25
 
 
 def _q(cost: float) -> float:
