@@ -48,7 +48,7 @@ class Scheduler(FastSearch, ExhaustiveSearch, ReasonCounting, FilterChecks):
     def __init__(self, pool: Pool, *, weights: Weights | None = None,
                  mode: Literal["fast", "exhaustive"] = "fast",
                  filters: Sequence[Filter] = DEFAULT_FILTERS, scorers: Sequence[Scorer] = DEFAULT_SCORERS,
-                 adapt_weights: bool = True, max_candidates: int = 24, packing_candidates: int = 12) -> None:
+                 adapt_weights: bool = True, max_candidates: int = 8, packing_candidates: int = 6) -> None:
         if mode not in ("fast", "exhaustive"):
             raise ValueError(f"mode is 'fast' or 'exhaustive', not {mode!r}")
         self.pool = pool

@@ -7,6 +7,7 @@ Indexes, all maintained per GPU on every change (allocate, release, health, node
   Only schedulable GPUs are indexed: node online and GPU not cordoned.
 - `by_layout[(model, profile)][layout][region]`: the same GPUs bucketed by MIG layout, which fixes their
   Δfrag, and by region (the latency term), so the fast path can also visit the best-packing GPUs;
+- `layout_head[(model, profile)][layout]` (and `layout_head_spot`): a bucket's best entry over its regions;
 - `avail_spot` and `by_layout_spot`: the same two in spot order (the static key plus the interruption term
   under the default weights, `GpuRecord.skey`), for spot requests, the only ones scored on interruptions;
 - free share per model (sum of free fractions / schedulable GPUs), kept as running sums;
@@ -114,6 +115,9 @@ class Pool:
         self.avail_spot: dict[tuple[str, str], dict[str, list[tuple[float, int]]]] = defaultdict(
             lambda: defaultdict(list))
         self.by_layout_spot: dict[tuple[str, str], dict[tuple, dict[str, list[tuple[float, int]]]]] = defaultdict(dict)
+        # the best entry of each layout bucket over its regions: (model, profile) -> layout -> -highest key
+        self.layout_head: dict[tuple[str, str], dict[tuple, float]] = defaultdict(dict)
+        self.layout_head_spot: dict[tuple[str, str], dict[tuple, float]] = defaultdict(dict)
         self.max_key = float("-inf")  # no GPU's static key was ever above this (an upper bound, never lowered)
         self.max_skey = float("-inf")  # the same for the spot key
         self.model_max_key: dict[str, float] = {}  # the same per GPU model
@@ -420,9 +424,13 @@ class Pool:
                 if rec.layout not in buckets:
                     buckets[rec.layout] = {}
                     self.layout_epoch[(model, name)] += 1
-                bisect.insort(buckets[rec.layout].setdefault(rec.region, []), (-rec.key, rec.idx))
-                bisect.insort(self.by_layout_spot[(model, name)].setdefault(rec.layout, {}).setdefault(rec.region, []),
-                              (-rec.skey, rec.idx))
+                for index, heads, key in ((self.by_layout, self.layout_head, -rec.key),
+                                          (self.by_layout_spot, self.layout_head_spot, -rec.skey)):
+                    bisect.insort(index[(model, name)].setdefault(rec.layout, {}).setdefault(rec.region, []),
+                                  (key, rec.idx))
+                    kind_heads = heads[(model, name)]
+                    if key < kind_heads.get(rec.layout, float("inf")):
+                        kind_heads[rec.layout] = key
         rec.avail = avail
         groups = self.node_groups[rec.node.id]
         if rec.sig is not None:
@@ -536,7 +544,8 @@ class Pool:
         self.nodes_by_free[old + change].add(node_id)
 
     def _layout_remove(self, model: str, name: str, rec: GpuRecord) -> None:
-        for index, entry in ((self.by_layout, (-rec.key, rec.idx)), (self.by_layout_spot, (-rec.skey, rec.idx))):
+        for index, heads, entry in ((self.by_layout, self.layout_head, (-rec.key, rec.idx)),
+                                    (self.by_layout_spot, self.layout_head_spot, (-rec.skey, rec.idx))):
             buckets = index[(model, name)]
             by_region = buckets[rec.layout]
             lst = by_region[rec.region]
@@ -547,8 +556,12 @@ class Pool:
                 del by_region[rec.region]
                 if not by_region:
                     del buckets[rec.layout]
+                    del heads[(model, name)][rec.layout]
                     if index is self.by_layout:
                         self.layout_epoch[(model, name)] += 1
+                    continue
+            if i == 0:  # it may have been the bucket's best entry
+                heads[(model, name)][rec.layout] = min(lst[0][0] for lst in by_region.values())
 
     def _index_remove(self, model: str, name: str, region: str, rec: GpuRecord) -> None:
         for index, entry in ((self.avail, (-rec.key, rec.idx)), (self.avail_spot, (-rec.skey, rec.idx))):
