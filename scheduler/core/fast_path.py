@@ -1,9 +1,13 @@
 """The fast path of `Scheduler` (engine.py): candidate walks over the pool's indexes.
 
 `FastSearch._fast` walks the availability index (GPUs where the needed profile has a legal start, per
-model and region, best static node key + latency term first) until `max_candidates` GPUs passed the
-filters, then a short packing walk (`_best_packing`: layout buckets in order of packing cost) brings the
-tightest fits into the comparison; k-GPU requests check whole nodes (`_nodes`). It holds the memos these
+model and region) best estimate first — static node key (the spot key, with the interruption term, for spot
+requests), latency term, minus the packing share × the packing cost the list's GPUs share and, for free
+MIG GPUs, their node term — until `max_candidates` GPUs passed the filters; then a short packing walk
+(`_best_packing`: layout buckets in order of packing cost, GPUs in the same estimate order) brings the
+tightest fits into the comparison; k-GPU requests check whole nodes (`_nodes`). Every term the scorers
+weigh is in one of the two orders, which is what keeps the fast choice within 1% of the exhaustive one
+with small budgets (bench/decision_speed.py, tests/core/test_fast_agreement.py). It holds the memos these
 walks use: index lists per request shape, fitting profiles, latency terms and layout ranks.
 """
 from __future__ import annotations
@@ -243,7 +247,7 @@ class FastSearch:
             if ranked:
                 waste = waste_for(pool, model, True, request, p.memory_gb)
                 top = top_keys[model] + lat_top
-                cost = _q(ranked[0][0] + waste)
+                cost = ranked[0][0] + waste
                 pending.append((wp * cost - top, n, cost, waste, ranked, by_layout.get((model, p.name), {}),
                                 all_heads.get((model, p.name), {}), top))
                 model_of[n] = model
@@ -258,16 +262,22 @@ class FastSearch:
             while pending and (not heap or pending[0][0] <= heap[0][0]):
                 _, n, cost, waste, ranked, buckets, heads, top = heapq.heappop(pending)
                 i = pos.get(n, 0)
-                layout = ranked[i][1]
-                head = heads.get(layout)
-                if head is not None:
-                    opened += 1
-                    heapq.heappush(heap, (wp * cost + head - lat_top, -opened, -1, wp * cost, buckets[layout],
-                                          wp * self._node_term_lb(model_of[n]) if not layout else 0.0))
-                pos[n] = i + 1
-                if i + 1 < len(ranked):
-                    cost = _q(ranked[i + 1][0] + waste)
-                    heapq.heappush(pending, (wp * cost - top, n, cost, waste, ranked, buckets, heads, top))
+                # this kind's buckets in cost order, for as long as they could beat the best item waiting
+                while True:
+                    layout = ranked[i][1]
+                    head = heads.get(layout)
+                    if head is not None:
+                        opened += 1
+                        heapq.heappush(heap, (wp * cost + head - lat_top, -opened, -1, wp * cost, buckets[layout],
+                                              wp * self._node_term_lb(model_of[n]) if not layout else 0.0))
+                    i += 1
+                    if i == len(ranked):
+                        break
+                    cost = ranked[i][0] + waste
+                    if heap and wp * cost - top > heap[0][0]:
+                        heapq.heappush(pending, (wp * cost - top, n, cost, waste, ranked, buckets, heads, top))
+                        break
+                pos[n] = i
             if not heap:
                 return
             est, idx, j, c, lst, nt = heapq.heappop(heap)
@@ -338,7 +348,7 @@ class FastSearch:
             for layout in pool.by_layout.get(key, {}):
                 best = pool.frags.best_start(model, g, layout, profile)
                 if best is not None:
-                    ranked.append((best[1] + (0.0 if layout else self._node_term_lb(model)), layout))
+                    ranked.append((_q(best[1] + (0.0 if layout else self._node_term_lb(model))), layout))
             ranked.sort()
             hit = self._rank_cache[key] = (stamp, ranked)
         return hit[1]
