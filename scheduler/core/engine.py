@@ -11,8 +11,10 @@ Pipeline per GPU: filters in order (first refusal is counted in `Decision.reason
 request is reserved or on demand, preemption.py looks for the cheapest set of spot leases to remove.
 
 "exhaustive" runs every filter and scorer on every GPU. "fast" walks the pool's availability index
-(GPUs where the needed profile has a legal start, per model and region, best static node key first),
-runs the same filters and scorers on those, and stops after `max_candidates` GPUs passed the filters.
+(GPUs where the needed profile has a legal start, per model and region) best estimate first — static node
+key (with the interruption term for spot), latency term, the packing cost a list's GPUs share and their
+node term — runs the same filters and scorers on those, and stops after `max_candidates` GPUs passed the
+filters; a second walk takes the best-packing layouts in the same estimate order (fast_path.py).
 Both are complete: a request that fits somewhere is never reported unschedulable by "fast". Where "fast"
 chooses differently, its choice scored lower under the same scorers; bench/decision_speed.py measures how
 often and by how much.
@@ -48,7 +50,7 @@ class Scheduler(FastSearch, ExhaustiveSearch, ReasonCounting, FilterChecks):
     def __init__(self, pool: Pool, *, weights: Weights | None = None,
                  mode: Literal["fast", "exhaustive"] = "fast",
                  filters: Sequence[Filter] = DEFAULT_FILTERS, scorers: Sequence[Scorer] = DEFAULT_SCORERS,
-                 adapt_weights: bool = True, max_candidates: int = 24, packing_candidates: int = 12,
+                 adapt_weights: bool = True, max_candidates: int = 8, packing_candidates: int = 6,
                  mix_gain: float | None = None) -> None:
         if mode not in ("fast", "exhaustive"):
             raise ValueError(f"mode is 'fast' or 'exhaustive', not {mode!r}")

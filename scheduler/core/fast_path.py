@@ -1,9 +1,13 @@
 """The fast path of `Scheduler` (engine.py): candidate walks over the pool's indexes.
 
 `FastSearch._fast` walks the availability index (GPUs where the needed profile has a legal start, per
-model and region, best static node key + latency term first) until `max_candidates` GPUs passed the
-filters, then a short packing walk (`_best_packing`: layout buckets in order of packing cost) brings the
-tightest fits into the comparison; k-GPU requests check whole nodes (`_nodes`). It holds the memos these
+model and region) best estimate first — static node key (the spot key, with the interruption term, for spot
+requests), latency term, minus the packing share × the packing cost the list's GPUs share and, for free
+MIG GPUs, their node term — until `max_candidates` GPUs passed the filters; then a short packing walk
+(`_best_packing`: layout buckets in order of packing cost, GPUs in the same estimate order) brings the
+tightest fits into the comparison; k-GPU requests check whole nodes (`_nodes`). Every term the scorers
+weigh is in one of the two orders, which is what keeps the fast choice within 1% of the exhaustive one
+with small budgets (bench/decision_speed.py, tests/core/test_fast_agreement.py). It holds the memos these
 walks use: index lists per request shape, fitting profiles, latency terms and layout ranks.
 """
 from __future__ import annotations
@@ -12,7 +16,7 @@ import heapq
 
 from nodeagent.hardware import mig
 from .model import Request
-from .placement import Option, multi_option, single_option, waste_for
+from .placement import Option, _node_term, list_cost, multi_option, single_option, waste_for
 from .pool import FIXED, WHOLE, GpuRecord, Pool
 from .regions import rtt_ms
 from .scorers import LatencyScorer, Scorer
@@ -50,23 +54,26 @@ class FastSearch:
                     best = (s, opt)
         return (best[1] if best else None), considered
 
-    def _lists(self, request: Request) -> list[tuple[float, list[tuple[float, int]]]]:
-        """Index lists that can hold a fitting GPU, each with the latency term of its region (some may be
-        empty now). Memoised per request shape until the pool creates a new index list (`avail_epoch`)."""
+    def _lists(self, request: Request) -> list[tuple[float, float, list[tuple[float, int]], str, str]]:
+        """Index lists that can hold a fitting GPU, each with the latency term of its region and the packing
+        cost every GPU of the list shares (`list_cost`), its model and key (some may be empty now). Memoised per request shape
+        until the pool creates a new index list (`avail_epoch`) or the demand mix is refreshed."""
         alive = self.alive_kinds(request)
         key = (alive, request.memory_gb, request.compute_slices, request.wants_whole, request.profile,
-               request.regions, request.buyer_region)
+               request.regions, request.buyer_region, request.mode == "spot")
         hit = self._lists_memo.get(key)
-        if hit is not None and hit[0] == self.pool.avail_epoch:
+        stamp = (self.pool.avail_epoch, self.pool.mix.version)
+        if hit is not None and hit[0] == stamp:
             return hit[1]
         out = self._lists_of(request, alive)
         if len(self._lists_memo) > 4096:
             self._lists_memo.clear()
-        self._lists_memo[key] = (self.pool.avail_epoch, out)
+        self._lists_memo[key] = (stamp, out)
         return out
 
-    def _lists_of(self, request: Request, alive) -> list[tuple[float, list[tuple[float, int]]]]:
+    def _lists_of(self, request: Request, alive) -> list[tuple[float, float, list[tuple[float, int]], str, str]]:
         pool = self.pool
+        avail = pool.avail_spot if request.mode == "spot" else pool.avail  # the order the request is scored in
         out = []
         for model in sorted({m for m, _ in alive}):
             keys = {FIXED} if (model, True) in alive else set()
@@ -79,9 +86,10 @@ class FastSearch:
                 if p is not None:
                     keys.add(p.name)
             for key in keys:
-                for region, lst in pool.avail.get((model, key), {}).items():
+                cost = list_cost(pool, model, key, request)
+                for region, lst in avail.get((model, key), {}).items():
                     if request.regions is None or region in request.regions:
-                        out.append((self._lat_term(request.buyer_region, region), lst))
+                        out.append((self._lat_term(request.buyer_region, region), cost, lst, model, key))
         return out
 
     def _fitting(self, model: str, g: mig.MigGeometry, request: Request) -> mig.MigProfile | None:
@@ -108,8 +116,16 @@ class FastSearch:
                 return self._nodes(request, weights, [n for c, ids in pool.nodes_by_free.items() if c >= k
                                                       for n in ids])
         lists = self._lists(request)
-        # list entries are (-static key, pool index); the heap pops the highest key + latency term first
-        heap = [(-(lat - lst[0][0]), n, 0) for n, (lat, lst) in enumerate(lists) if lst]
+        # list entries are (-static key, pool index); the heap pops the highest static key + latency term −
+        # packing share × the list's packing cost first
+        wp = 100.0 * next((share for sc, share in self._cur_shares if sc.name == "packing"), 0.3)
+        multi = request.gpu_count > 1
+        # a WHOLE list's GPUs also pay the node term, which depends on their node's free GPUs: the list is
+        # ranked by the lowest node term any node can have, and each GPU is put back at its own when it
+        # comes out (`_node_term_lb`), so the walk still takes GPUs in estimate order
+        nt_lbs = [0.0 if multi or key != WHOLE else self._node_term_lb(model) for _, _, _, model, key in lists]
+        offsets = [lat - wp * (cost + nt_lbs[n]) for n, (lat, cost, *_) in enumerate(lists)]
+        heap: list[tuple] = [(-(offsets[n] - lst[0][0]), n, 0) for n, (_, _, lst, *_) in enumerate(lists) if lst]
         heapq.heapify(heap)
         cache: dict = {}
         seen: set[int] = set()
@@ -120,13 +136,22 @@ class FastSearch:
         twins: dict[tuple, tuple[int, bool]] = {}
         best: tuple[float, Option] | None = None
         considered = 0
-        multi = request.gpu_count > 1
         while heap and considered < self.max_candidates:
-            _, n, pos = heapq.heappop(heap)
-            lat, lst = lists[n]
-            if pos + 1 < len(lst):
-                heapq.heappush(heap, (-(lat - lst[pos + 1][0]), n, pos + 1))
-            idx = lst[pos][1]
+            item = heapq.heappop(heap)
+            n, pos = item[1], item[2]
+            lst = lists[n][2]
+            if pos < 0:  # a GPU put back at its own node term
+                idx = item[3]
+            else:
+                if pos + 1 < len(lst):
+                    heapq.heappush(heap, (-(offsets[n] - lst[pos + 1][0]), n, pos + 1))
+                idx = lst[pos][1]
+                if nt_lbs[n]:
+                    rec = pool.records[idx]
+                    extra = wp * (_node_term(pool, rec.node, rec.gpu, 1) - nt_lbs[n])
+                    if extra > 0:
+                        heapq.heappush(heap, (item[0] + extra, n, -1, idx))
+                        continue
             if idx in seen:
                 continue
             seen.add(idx)
@@ -189,16 +214,28 @@ class FastSearch:
 
     def _best_packing(self, request: Request):
         """GPUs best-first by an estimate of their score: − packing share × 100 × the packing cost of their
-        layout bucket + static key + the region's latency term (ties: pool index), over the layout buckets
-        of the kinds the request can use. A bucket's cost is its Δfrag plus the kind's waste term (the same
-        for every GPU of a model), rounded to 1e-9 so that costs equal but for float rounding tie. Buckets
-        are opened in cost order, only while one could still beat the best entry waiting (no static key
-        exceeds `Pool.max_key`, no latency term the latency weight × 100) and until the opened buckets hold
-        4 × `packing_candidates` GPUs (the caller stops by then); their region lists are merged entry by
-        entry. The static walk ignores packing, so this second, short walk brings the tightest fits into the
-        comparison; the caller stops it."""
+        layout bucket + static key (the spot key for spot requests) + the region's latency term (ties: pool
+        index), over the layout buckets of the kinds the request can use. A bucket's cost is its Δfrag plus
+        the kind's waste term (the same for every GPU of a model), rounded to 1e-9 so that costs equal but
+        for float rounding tie. Each kind's buckets are opened in cost order while one could still beat the
+        best item waiting (no key of the model exceeds `Pool.model_max_key`, no latency term the request's
+        best region's); an opened bucket waits as one item, bounded by its best key over its regions
+        (`Pool.layout_head`) and the best latency term, and is split into its region lists, merged entry by
+        entry, when it comes out on top. Equally good buckets are therefore all weighed, however many there
+        are, and the GPUs come out in exact estimate order. The static walk ignores Δfrag, so this second,
+        short walk brings the tightest fits into the comparison; the caller stops it."""
         pool = self.pool
-        pending: list[tuple[float, int, float, list, dict]] = []  # (next bucket's cost, n, waste, ranked, buckets)
+        spot = request.mode == "spot"
+        by_layout = pool.by_layout_spot if spot else pool.by_layout
+        all_heads = pool.layout_head_spot if spot else pool.layout_head
+        lats = self._region_lats(request)
+        wp = 100.0 * next((share for sc, share in self._cur_shares if sc.name == "packing"), 0.3)
+        top_keys = pool.model_max_skey if spot else pool.model_max_key
+        lat_top = self._max_lat(request)
+        # (−the best estimate any GPU of the kind's next bucket can have, n, its cost, waste, ranked, buckets,
+        # their heads, the kind's highest key + latency term)
+        pending: list[tuple] = []
+        model_of: dict[int, str] = {}
         for n, (model, mig_off) in enumerate(sorted(self.alive_kinds(request))):
             g = pool.spec(model).mig
             if mig_off or g is None:
@@ -209,52 +246,69 @@ class FastSearch:
             ranked = self._layout_rank(model, g, p.name)
             if ranked:
                 waste = waste_for(pool, model, True, request, p.memory_gb)
-                pending.append((_q(ranked[0][0] + waste), n, waste, ranked, pool.by_layout.get((model, p.name), {})))
+                top = top_keys[model] + lat_top
+                cost = ranked[0][0] + waste
+                pending.append((wp * cost - top, n, cost, waste, ranked, by_layout.get((model, p.name), {}),
+                                all_heads.get((model, p.name), {}), top))
+                model_of[n] = model
         heapq.heapify(pending)
-        lats = self._region_lats(request)
-        wp = 100.0 * next((share for sc, share in self._cur_shares if sc.name == "packing"), 0.3)
-        top = pool.max_key + DEFAULT_WEIGHTS.get("latency") * 100.0  # no static key + latency term is above
         pos = {}  # kind n -> position of its next bucket in `ranked`
-        # (−estimate, pool index, position in list or −1 for an unsplit bucket, latency term, list or bucket)
-        heap: list[tuple[float, int, int, float, object]] = []
-        opened = 0  # GPUs in the buckets opened so far
-        enough = 4 * self.packing_candidates  # the caller stops after this many: later buckets cannot matter
+        # (−estimate, pool index (−1 − a count for a bucket), position in list (−1 for a bucket, −2 for a GPU
+        #  put back at its own node term), wp × cost [− latency term for a region list], list or bucket,
+        #  wp × the lowest node term the entries were ranked at (the empty layout's bucket) or 0)
+        heap: list[tuple[float, int, int, float, object, float]] = []
+        opened = 0
         while True:
-            while pending and (not heap or (wp * pending[0][0] - top <= heap[0][0] and opened < enough)):
-                cost, n, waste, ranked, buckets = heapq.heappop(pending)
+            while pending and (not heap or pending[0][0] <= heap[0][0]):
+                _, n, cost, waste, ranked, buckets, heads, top = heapq.heappop(pending)
                 i = pos.get(n, 0)
-                # the bucket goes in as one item, ranked by its best region list's head; it is split into
-                # its region lists when it comes out on top
-                head = None
-                for region, lst in buckets.get(ranked[i][1], {}).items():
+                # this kind's buckets in cost order, for as long as they could beat the best item waiting
+                while True:
+                    layout = ranked[i][1]
+                    head = heads.get(layout)
+                    if head is not None:
+                        opened += 1
+                        heapq.heappush(heap, (wp * cost + head - lat_top, -opened, -1, wp * cost, buckets[layout],
+                                              wp * self._node_term_lb(model_of[n]) if not layout else 0.0))
+                    i += 1
+                    if i == len(ranked):
+                        break
+                    cost = ranked[i][0] + waste
+                    if heap and wp * cost - top > heap[0][0]:
+                        heapq.heappush(pending, (wp * cost - top, n, cost, waste, ranked, buckets, heads, top))
+                        break
+                pos[n] = i
+            if not heap:
+                return
+            est, idx, j, c, lst, nt = heapq.heappop(heap)
+            if j == -1:  # a bucket: its region lists (the one with the best head is popped next)
+                for region, rl in lst.items():  # type: ignore[attr-defined]
                     lat = lats.get(region)
                     if lat is None:
                         if request.regions is not None and region not in request.regions:
                             continue
                         lat = lats[region] = self._lat_term(request.buyer_region, region)
-                    opened += len(lst)
-                    h = (wp * cost + lst[0][0] - lat, lst[0][1])
-                    if head is None or h < head:
-                        head = h
-                if head is not None:
-                    heapq.heappush(heap, (head[0], head[1], -1, wp * cost, buckets[ranked[i][1]]))
-                pos[n] = i + 1
-                if i + 1 < len(ranked):
-                    heapq.heappush(pending, (_q(ranked[i + 1][0] + waste), n, waste, ranked, buckets))
-            if not heap:
-                return
-            _, idx, j, c, lst = heapq.heappop(heap)
-            if j < 0:  # a bucket: its region lists (the one with the best head is popped next)
-                for region, rl in lst.items():  # type: ignore[attr-defined]
-                    lat = lats.get(region)
-                    if lat is not None:
-                        heapq.heappush(heap, (c + rl[0][0] - lat, rl[0][1], 0, c - lat, rl))
+                    heapq.heappush(heap, (c + rl[0][0] - lat, rl[0][1], 0, c - lat, rl, nt))
                 continue
-            # for a region list, `c` holds wp × cost − latency term: the estimate's part shared by its entries
-            if j + 1 < len(lst):  # type: ignore[arg-type]
-                nxt = lst[j + 1]  # type: ignore[index]
-                heapq.heappush(heap, (c + nxt[0], nxt[1], j + 1, c, lst))
+            if j >= 0:
+                # for a region list, `c` holds wp × cost − latency term: the estimate's part shared by its entries
+                if j + 1 < len(lst):  # type: ignore[arg-type]
+                    nxt = lst[j + 1]  # type: ignore[index]
+                    heapq.heappush(heap, (c + nxt[0], nxt[1], j + 1, c, lst, nt))
+                if nt:  # the empty bucket, ranked at the lowest node term: back in at the GPU's own
+                    rec = pool.records[idx]
+                    extra = wp * _node_term(pool, rec.node, rec.gpu, 1) - nt
+                    if extra > 0:
+                        heapq.heappush(heap, (est + extra, idx, -2, 0.0, None, 0.0))
+                        continue
             yield idx
+
+    def _max_lat(self, request: Request) -> float:
+        """No region the request allows has a higher latency term in the static order than this: the buyer's
+        own region (any region when the buyer's is unknown), or the best of the allowed ones."""
+        regions = (request.buyer_region,) if request.regions is None else request.regions
+        return max((self._lat_term(request.buyer_region, r) for r in regions if r is not None),
+                   default=self._lat_term(None, ""))
 
     def _region_lats(self, request: Request) -> dict[str, float]:
         """region -> the latency term of the static order, filled as regions are met (allowed ones only)."""
@@ -274,19 +328,27 @@ class FastSearch:
             lat = self._lat_memo[lk] = DEFAULT_WEIGHTS.get("latency") * _LATENCY.normalise(rtt_ms(buyer_region, region))
         return lat
 
+    def _node_term_lb(self, model: str) -> float:
+        """No free GPU of `model` pays a lower node term than this (fragmentation.node_delta of one GPU: at
+        least − P(k) for every k of the k-GPU demand), 0 where the pool leaves the node term out."""
+        if not self.pool.node_term:
+            return 0.0
+        return -sum(p for _, p in self.pool.mix.multi_gpu(model))
+
     def _layout_rank(self, model: str, g: mig.MigGeometry, profile: str) -> list[tuple[float, tuple]]:
-        """Layouts holding GPUs where `profile` fits, by Δfrag of placing it; cached until a layout
-        bucket comes or goes or the demand mix is refreshed."""
+        """Layouts holding GPUs where `profile` fits, by Δfrag of placing it (for the empty layout, plus the
+        lowest node term: its GPUs are free whole GPUs); cached until a layout bucket comes or goes or the
+        demand mix is refreshed."""
         pool = self.pool
         key = (model, profile)
-        stamp = (pool.layout_epoch[key], pool.mix.version)
+        stamp = (pool.layout_epoch[key], pool.mix.version, pool.node_term)
         hit = self._rank_cache.get(key)
         if hit is None or hit[0] != stamp:
             ranked = []
             for layout in pool.by_layout.get(key, {}):
                 best = pool.frags.best_start(model, g, layout, profile)
                 if best is not None:
-                    ranked.append((best[1], layout))
+                    ranked.append((_q(best[1] + (0.0 if layout else self._node_term_lb(model))), layout))
             ranked.sort()
             hit = self._rank_cache[key] = (stamp, ranked)
         return hit[1]

@@ -14,8 +14,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Sequence
 
+from nodeagent.hardware.mig import MigGeometry
+
 from .fragmentation import NO_ACCESS, node_delta
 from .model import GpuState, NodeState, Placement, Request
+from .pool import FIXED, WHOLE
 from .pricing import slice_share
 
 if TYPE_CHECKING:
@@ -69,13 +72,31 @@ def rec_free(pool: "Pool", gpu: GpuState) -> bool:
 
 def whole_cost(pool: "Pool", gpu: GpuState, request: Request) -> float:
     """Packing cost of taking `gpu` (assumed free) whole."""
-    spec = pool.spec(gpu.model)
-    if gpu.geometry is None:
-        return _waste(pool, gpu, request, spec.memory_gb)
-    full = gpu.geometry.full_profile.name
+    return whole_cost_for(pool, gpu.model, gpu.geometry, request)
+
+
+def whole_cost_for(pool: "Pool", model: str, geometry: MigGeometry | None, request: Request) -> float:
+    """`whole_cost` for any free GPU of `model` with this MIG geometry (None: not split)."""
+    if geometry is None:
+        return waste_for(pool, model, False, request, pool.spec(model).memory_gb)
+    full = geometry.full_profile.name
     # requests that cannot run on this model at all lose nothing when it is taken whole
-    slice_demand = sum(p for name, p in pool.mix.distribution(gpu.model) if name not in (full, NO_ACCESS))
-    return pool.frags.whole_delta(gpu.model, gpu.geometry) + MIG_KEEP_WEIGHT * slice_demand
+    slice_demand = sum(p for name, p in pool.mix.distribution(model) if name not in (full, NO_ACCESS))
+    return pool.frags.whole_delta(model, geometry) + MIG_KEEP_WEIGHT * slice_demand
+
+
+def list_cost(pool: "Pool", model: str, key: str, request: Request) -> float:
+    """The part of the packing cost that every GPU of one index list (`Pool.avail[(model, key)]`) shares
+    for `request`: the whole-GPU cost for FIXED and WHOLE lists, the memory waste of the profile for a MIG
+    profile's list (its Δfrag depends on each GPU's layout). The node term is left out (it depends on the
+    node's free GPUs)."""
+    spec = pool.spec(model)
+    if key == FIXED:
+        return whole_cost_for(pool, model, None, request)
+    if key == WHOLE:
+        return whole_cost_for(pool, model, spec.mig, request)
+    assert spec.mig is not None
+    return waste_for(pool, model, True, request, spec.mig.profile(key).memory_gb)
 
 
 def _node_term(pool: "Pool", node: NodeState, gpu: GpuState, taken: int) -> float:

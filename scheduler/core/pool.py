@@ -7,6 +7,9 @@ Indexes, all maintained per GPU on every change (allocate, release, health, node
   Only schedulable GPUs are indexed: node online and GPU not cordoned.
 - `by_layout[(model, profile)][layout][region]`: the same GPUs bucketed by MIG layout, which fixes their
   Δfrag, and by region (the latency term), so the fast path can also visit the best-packing GPUs;
+- `layout_head[(model, profile)][layout]` (and `layout_head_spot`): a bucket's best entry over its regions;
+- `avail_spot` and `by_layout_spot`: the same two in spot order (the static key plus the interruption term
+  under the default weights, `GpuRecord.skey`), for spot requests, the only ones scored on interruptions;
 - free share per model (sum of free fractions / schedulable GPUs), kept as running sums;
 - free whole GPUs per node, GPUs holding spot instances, and lease id -> GPUs;
 - reason buckets, so that `Scheduler.reasons` costs O(buckets), not O(GPUs): `reason_buckets[(model, MIG
@@ -19,7 +22,7 @@ Indexes, all maintained per GPU on every change (allocate, release, health, node
   cheapest spot lease (a lower bound on the value any removal there costs), and nodes by how many of their
   GPUs are free or hold only spot (`nodes_by_pfree`, and per the node's model in `nodes_by_kind_pfree`),
   for k-GPU preemption.
-Also `max_key` (an upper bound on every static key), `avail_epoch` (bumps when an `avail` list is created:
+Also `max_key` and `max_skey` (upper bounds on every static and spot key), `avail_epoch` (bumps when an `avail` list is created:
 the scheduler memoises which lists serve a request shape) and `option_memo()` (placement.single_option's
 per-layout costs, for one demand-mix version).
 A `Pool` deep-copies the `NodeState`s it is given (callers keep their snapshot, the pool owns its copy)
@@ -42,7 +45,7 @@ from .fragmentation import DemandMix, FragCache
 from nodeagent.hardware.gpus import GPU_MODELS, GpuModelSpec
 from .model import Decision, GpuState, NodeState, PlacedInstance, Request
 from .pricing import DEFAULT_RULES, PriceRules
-from .scorers import PriceScorer, ReliabilityScorer
+from .scorers import InterruptionScorer, PriceScorer, ReliabilityScorer
 from .weights import DEFAULT_WEIGHTS
 
 WHOLE, FIXED = "__whole__", "__fixed__"
@@ -62,7 +65,7 @@ class CapacityError(ValueError):
 
 
 class GpuRecord:
-    __slots__ = ("gpu", "node", "idx", "spec", "layout", "avail", "free_frac", "key", "keyed", "schedulable",
+    __slots__ = ("gpu", "node", "idx", "spec", "layout", "avail", "free_frac", "key", "skey", "keyed", "schedulable",
                  "free_whole", "region", "leases", "sig", "bucket", "spot_lb", "pfree", "has_spot")
 
     def __init__(self, gpu: GpuState, node: NodeState, idx: int) -> None:
@@ -72,6 +75,7 @@ class GpuRecord:
         self.avail: frozenset[str] = frozenset()
         self.free_frac = 0.0
         self.key = 0.0
+        self.skey = 0.0  # the static key plus the default-weighted interruption term: the order for spot
         self.keyed = False
         self.schedulable = False
         self.free_whole = False
@@ -106,7 +110,18 @@ class Pool:
         # order: every GPU in a bucket has the same Δfrag for the profile (fragmentation.FragCache)
         self.by_layout: dict[tuple[str, str], dict[tuple, dict[str, list[tuple[float, int]]]]] = defaultdict(dict)
         self.layout_epoch: dict[tuple[str, str], int] = defaultdict(int)  # bumps when a bucket comes or goes
+        # the same two indexes in spot order (`GpuRecord.skey`: the static key plus the interruption term, which
+        # only spot requests are scored on), so a spot request's walks meet reliable nodes first
+        self.avail_spot: dict[tuple[str, str], dict[str, list[tuple[float, int]]]] = defaultdict(
+            lambda: defaultdict(list))
+        self.by_layout_spot: dict[tuple[str, str], dict[tuple, dict[str, list[tuple[float, int]]]]] = defaultdict(dict)
+        # the best entry of each layout bucket over its regions: (model, profile) -> layout -> -highest key
+        self.layout_head: dict[tuple[str, str], dict[tuple, float]] = defaultdict(dict)
+        self.layout_head_spot: dict[tuple[str, str], dict[tuple, float]] = defaultdict(dict)
         self.max_key = float("-inf")  # no GPU's static key was ever above this (an upper bound, never lowered)
+        self.max_skey = float("-inf")  # the same for the spot key
+        self.model_max_key: dict[str, float] = {}  # the same per GPU model
+        self.model_max_skey: dict[str, float] = {}
         self.avail_epoch = 0  # bumps when an `avail` list is created (lists are never removed)
         self._free_sum: dict[str, float] = defaultdict(float)
         self._cap: dict[str, int] = defaultdict(int)
@@ -353,6 +368,11 @@ class Pool:
                 + DEFAULT_WEIGHTS["reliability"] * ReliabilityScorer().normalise(
                     n.reliability if rec.gpu.reliability is None else rec.gpu.reliability))
 
+    def _spot_key(self, rec: GpuRecord) -> float:
+        """The static key plus the interruption term under the default weights: spot requests are scored on
+        how often the node interrupted spot leases, so their walks take the nodes in this order."""
+        return rec.key + DEFAULT_WEIGHTS["interruption"] * InterruptionScorer().normalise(rec.node.interruption_rate)
+
     def _refresh(self, rec: GpuRecord, *, rekey: bool = False) -> None:
         """Recompute one GPU's entries in every index (remove the old ones, add the new)."""
         g, model = rec.gpu, rec.gpu.model
@@ -388,20 +408,30 @@ class Pool:
             avail = frozenset()
         if rekey or not rec.keyed:
             rec.key, rec.keyed = self._static_key(rec), True
-            if rec.key > self.max_key:
-                self.max_key = rec.key
+            rec.skey = self._spot_key(rec)
+            self.max_key = max(self.max_key, rec.key)
+            self.max_skey = max(self.max_skey, rec.skey)
+            self.model_max_key[model] = max(self.model_max_key.get(model, rec.key), rec.key)
+            self.model_max_skey[model] = max(self.model_max_skey.get(model, rec.skey), rec.skey)
         rec.region = rec.node.region
         for name in avail:
             by_region = self.avail[(model, name)]
             if rec.region not in by_region:
                 self.avail_epoch += 1  # a new index list: the scheduler's memo of lists is stale
             bisect.insort(by_region[rec.region], (-rec.key, rec.idx))
+            bisect.insort(self.avail_spot[(model, name)][rec.region], (-rec.skey, rec.idx))
             if name not in (WHOLE, FIXED):
                 buckets = self.by_layout[(model, name)]
                 if rec.layout not in buckets:
                     buckets[rec.layout] = {}
                     self.layout_epoch[(model, name)] += 1
-                bisect.insort(buckets[rec.layout].setdefault(rec.region, []), (-rec.key, rec.idx))
+                for index, heads, key in ((self.by_layout, self.layout_head, -rec.key),
+                                          (self.by_layout_spot, self.layout_head_spot, -rec.skey)):
+                    bisect.insort(index[(model, name)].setdefault(rec.layout, {}).setdefault(rec.region, []),
+                                  (key, rec.idx))
+                    kind_heads = heads[(model, name)]
+                    if key < kind_heads.get(rec.layout, float("inf")):
+                        kind_heads[rec.layout] = key
         rec.avail = avail
         groups = self.node_groups[rec.node.id]
         if rec.sig is not None:
@@ -515,23 +545,31 @@ class Pool:
         self.nodes_by_free[old + change].add(node_id)
 
     def _layout_remove(self, model: str, name: str, rec: GpuRecord) -> None:
-        buckets = self.by_layout[(model, name)]
-        by_region = buckets[rec.layout]
-        lst = by_region[rec.region]
-        i = bisect.bisect_left(lst, (-rec.key, rec.idx))
-        if i < len(lst) and lst[i] == (-rec.key, rec.idx):
-            del lst[i]
-        if not lst:
-            del by_region[rec.region]
-            if not by_region:
-                del buckets[rec.layout]
-                self.layout_epoch[(model, name)] += 1
+        for index, heads, entry in ((self.by_layout, self.layout_head, (-rec.key, rec.idx)),
+                                    (self.by_layout_spot, self.layout_head_spot, (-rec.skey, rec.idx))):
+            buckets = index[(model, name)]
+            by_region = buckets[rec.layout]
+            lst = by_region[rec.region]
+            i = bisect.bisect_left(lst, entry)
+            if i < len(lst) and lst[i] == entry:
+                del lst[i]
+            if not lst:
+                del by_region[rec.region]
+                if not by_region:
+                    del buckets[rec.layout]
+                    del heads[(model, name)][rec.layout]
+                    if index is self.by_layout:
+                        self.layout_epoch[(model, name)] += 1
+                    continue
+            if i == 0:  # it may have been the bucket's best entry
+                heads[(model, name)][rec.layout] = min(lst[0][0] for lst in by_region.values())
 
     def _index_remove(self, model: str, name: str, region: str, rec: GpuRecord) -> None:
-        lst = self.avail[(model, name)][region]
-        i = bisect.bisect_left(lst, (-rec.key, rec.idx))
-        if i < len(lst) and lst[i] == (-rec.key, rec.idx):
-            del lst[i]
+        for index, entry in ((self.avail, (-rec.key, rec.idx)), (self.avail_spot, (-rec.skey, rec.idx))):
+            lst = index[(model, name)][region]
+            i = bisect.bisect_left(lst, entry)
+            if i < len(lst) and lst[i] == entry:
+                del lst[i]
 
     def _mig_avail(self, model: str, geometry: mig.MigGeometry, layout: tuple) -> frozenset[str]:
         key = (model, layout)

@@ -12,7 +12,7 @@ from scheduler.core import preemption
 from scheduler.core.engine import Pool, Scheduler
 from scheduler.core.model import Request
 
-from .test_properties import SETTINGS, pools, requests
+from .test_properties import SETTINGS, assert_walk_indexes_match, pools, requests
 
 # requests that also exercise the region, CUDA and price filters (a price cap takes the O(nodes) count)
 constrained = st.builds(
@@ -30,7 +30,8 @@ constrained = st.builds(
     buyer_region=st.sampled_from([None, "us-east", "eu-west"]),
 )
 
-changes = st.lists(st.tuples(st.sampled_from(["place", "release", "health", "offline", "online", "cuda"]),
+changes = st.lists(st.tuples(st.sampled_from(["place", "release", "health", "offline", "online", "cuda",
+                                              "interruptions"]),
                              st.integers(0, 50), requests), max_size=10)
 
 
@@ -59,6 +60,8 @@ def apply(pool: Pool, sched: Scheduler, steps) -> None:
             pool.set_node(node_id, online=what == "online")
         elif what == "cuda":
             pool.set_node(node_id, cuda_version=["12.2", "12.4", "12.6"][n % 3])
+        elif what == "interruptions":  # moves the node in the spot order
+            pool.set_node(node_id, interruption_rate=[0.0, 0.05, 0.4][n % 3])
 
 
 @SETTINGS
@@ -92,6 +95,7 @@ def test_reason_buckets_and_spot_index_match_a_rebuild(nodes, steps):
 
     assert buckets(pool) == buckets(rebuilt)
     assert free_nodes(pool) == free_nodes(rebuilt)
+    assert_walk_indexes_match(pool, rebuilt)
     assert {k: v for k, v in pool.spot_lb.items() if v} == {k: v for k, v in rebuilt.spot_lb.items() if v}
     assert pool.spot_gpus == rebuilt.spot_gpus
     models = sorted({r.gpu.model for r in pool.records})

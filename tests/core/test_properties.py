@@ -139,15 +139,25 @@ def test_indexes_match_a_rebuild_after_any_sequence_of_places_and_releases(nodes
     assert {k: dict(v) for k, v in pool.node_groups.items()} == {k: dict(v) for k, v in rebuilt.node_groups.items()}
     assert abs(pool.free_share() - rebuilt.free_share()) < 1e-9
 
-    def avail(p):
-        return {(k, region): lst for k, by_region in p.avail.items() for region, lst in by_region.items() if lst}
-
-    def layouts(p):  # by_layout[(model, profile)][layout][region]; emptied lists and buckets are removed
-        return {(k, lay, region): lst for k, b in p.by_layout.items() for lay, by_region in b.items()
-                for region, lst in by_region.items()}
-
-    assert avail(pool) == avail(rebuilt)
-    assert layouts(pool) == layouts(rebuilt) and all(layouts(pool).values())
+    assert_walk_indexes_match(pool, rebuilt)
     assert {k: v for k, v in pool.nodes_by_kind_pfree.items() if v and k[1]} == \
         {k: v for k, v in rebuilt.nodes_by_kind_pfree.items() if v and k[1]}  # (model, count > 0)
     assert pool.max_key >= max(r.key for r in pool.records)
+
+
+def assert_walk_indexes_match(pool: Pool, rebuilt: Pool) -> None:
+    """The fast path's indexes (in static and in spot order) equal those of a pool built afresh."""
+    def avail(index):
+        return {(k, region): lst for k, by_region in index.items() for region, lst in by_region.items() if lst}
+
+    def layouts(index):  # by_layout[(model, profile)][layout][region]; emptied lists and buckets are removed
+        return {(k, lay, region): lst for k, b in index.items() for lay, by_region in b.items()
+                for region, lst in by_region.items()}
+
+    for a, b in ((pool.avail, rebuilt.avail), (pool.avail_spot, rebuilt.avail_spot)):
+        assert avail(a) == avail(b)
+    for a, b in ((pool.by_layout, rebuilt.by_layout), (pool.by_layout_spot, rebuilt.by_layout_spot)):
+        assert layouts(a) == layouts(b) and all(layouts(a).values())
+    assert pool.max_skey >= max(r.skey for r in pool.records)
+    for r in pool.records:
+        assert pool.model_max_key[r.gpu.model] >= r.key and pool.model_max_skey[r.gpu.model] >= r.skey
