@@ -6,6 +6,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import inflation
 from .mapping import FRACTION_BASES, parse_model_map
 from .policies import POLICY_NAMES, factories
 from .report import plot, reasons_text, table, write_json
@@ -56,10 +57,31 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", type=Path, default=None, help="write the full results as JSON here")
     ap.add_argument("--plot", type=Path, default=None, help="write allocation and queue length over time (PNG)")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    # --- issue 12 §1: the FGD paper's protocol (its own options: --protocol inflation --help) ---
+    ap.add_argument("--protocol", choices=PROTOCOLS, default="replay",
+                    help="replay: the trace's own times and runtimes (this page); inflation: the FGD paper's "
+                         "workload inflation on the whole openb cluster with fractional sharing (docs/simulator.md)")
     return ap
 
 
+PROTOCOLS = ("replay", "inflation")
+
+
+def _protocol(argv: list[str]) -> tuple[str, list[str]]:
+    """The --protocol value and the other arguments (each protocol has its own options)."""
+    for i, a in enumerate(argv):
+        if a == "--protocol" and i + 1 < len(argv):
+            return argv[i + 1], argv[:i] + argv[i + 2:]
+        if a.startswith("--protocol="):
+            return a.split("=", 1)[1], argv[:i] + argv[i + 1:]
+    return "replay", argv
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    protocol, rest = _protocol(argv)
+    if protocol == "inflation":
+        return inflation.main(rest)
     args = parser().parse_args(argv)
     names = [n.strip() for n in args.policies.split(",") if n.strip()]
     unknown = [n for n in names if n not in POLICY_NAMES]
