@@ -2,6 +2,8 @@
 
     .venv/bin/python bench/placement_quality.py            # default + gpushare40, loads x4 and x8
     .venv/bin/python bench/placement_quality.py --quick    # a prefix of each trace, same loads
+    .venv/bin/python bench/placement_quality.py --protocol inflation [--quick] [--plot curves.png]
+        # the FGD paper's protocol: its table at 100%/110% arrived beside the paper's figures (issue 12 §1)
 
 Claims checked (from the articles this project answers), each printed as measured, with the margin:
 - allocation, ours / whole-GPU renting >= 2x
@@ -21,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from scheduler.sim import inflation  # noqa: E402
 from scheduler.sim.policies import factory  # noqa: E402
 from scheduler.sim.report import human_seconds, summarise  # noqa: E402
 from scheduler.sim.run import DEFAULT_TRACE_DIR, SimConfig, prepare, run_policy  # noqa: E402
@@ -84,7 +87,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help=f"replay the first {QUICK_LIMIT} rows of each trace")
     ap.add_argument("--json", type=Path, default=None, help="write every figure as JSON here")
     ap.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACE_DIR)
+    ap.add_argument("--protocol", choices=("replay", "inflation"), default="replay",
+                    help="inflation: the FGD paper's protocol and table (issue 12 §1)")
+    ap.add_argument("--plot", type=Path, default=None, help="inflation: allocation vs arrived per policy (PNG)")
     args = ap.parse_args(argv)
+    if args.protocol == "inflation":
+        return inflation_bench(args)
     t0 = time.perf_counter()
     results = []
     for trace in TRACES:
@@ -110,6 +118,49 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\n{time.perf_counter() - t0:.1f}s wall clock" + (" (--quick)" if args.quick else ""))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+# --- issue 12 §1: the FGD paper's inflation protocol ------------------------------------------------------------
+
+INFLATION_TRACES = ("openb_pod_list_default.csv", "openb_pod_list_gpushare40.csv", "openb_pod_list_gpuspec33.csv",
+                    "openb_pod_list_multigpu20.csv")
+# seeds per pod list: the paper's 42-51 on the default list; fewer on the other three to keep the run short
+INFLATION_SEEDS = {"full": (tuple(range(42, 52)), tuple(range(42, 47))), "quick": ((42, 43, 44), (42, 43))}
+
+
+def inflation_verdicts(r: "inflation.ProtocolResult") -> list[str]:
+    out = []
+    if r.trace == inflation.DEFAULT_TRACE:
+        for p in ("best-fit", "fgd"):
+            if p in r.at:
+                got, ref = 100 * r.at[p][1.0], inflation.PAPER_AT_100[p]
+                out.append(f"  {p} at 100% arrived {got:.2f} vs paper {ref:.1f} (claim: within 1 point): "
+                           + ("HOLDS" if abs(got - ref) <= 1.0 else f"MISSES by {abs(got - ref) - 1:.2f} points"))
+    if "ours" in r.at and "fgd" in r.at:
+        for x in inflation.REPORT_AT:
+            o, f = 100 * r.at["ours"][x], 100 * r.at["fgd"][x]
+            out.append(f"  ours {o:.2f} vs fgd {f:.2f} at {x:.0%} arrived (claim: ours >= fgd): "
+                       + ("HOLDS" if o >= f else f"MISSES by {f - o:.2f} points"))
+    return out
+
+
+def inflation_bench(args) -> int:
+    t0 = time.perf_counter()
+    first, others = INFLATION_SEEDS["quick" if args.quick else "full"]
+    results = []
+    for n, trace in enumerate(INFLATION_TRACES):
+        r = inflation.run_protocol(args.trace_dir / trace, seeds=first if n == 0 else others)
+        results.append(r)
+        print()
+        print(inflation.table(r))
+        for line in inflation_verdicts(r):
+            print(line)
+    print(f"\n{time.perf_counter() - t0:.1f}s wall clock" + (" (--quick: fewer seeds)" if args.quick else ""))
+    if args.plot:
+        inflation.plot(args.plot, results)
+    if args.json:
+        args.json.write_text(json.dumps([r.as_json() for r in results], indent=1) + "\n")
     return 0
 
 

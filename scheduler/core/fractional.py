@@ -87,14 +87,14 @@ class FractionalCluster:
         self.capacity_milli = int(self.gpu_count.sum()) * MILLI
         self.allocated_milli = 0
         self._model_masks: dict[frozenset[str] | None, np.ndarray] = {}
-        # node state as FGD sees it (model, GPU milli left sorted, CPU left): interned, so policies can score a
-        # state once
-        self.states: list[tuple[str, tuple[int, ...], int]] = []
-        self._state_no: dict[tuple[str, tuple[int, ...], int], int] = {}
+        # node state as FGD sees it (model, GPU milli left sorted, CPU left, memory left): interned, so policies
+        # can score a state once
+        self.states: list[tuple[str, tuple[int, ...], int, int]] = []
+        self._state_no: dict[tuple[str, tuple[int, ...], int, int], int] = {}
         self.state_id = np.array([self._intern(i) for i in range(n)], dtype=np.int32)
 
     def _intern(self, i: int) -> int:
-        key = (self.nodes[i].model, self.gpu_tuple(i), int(self.cpu_left[i]))
+        key = (self.nodes[i].model, self.gpu_tuple(i), int(self.cpu_left[i]), int(self.mem_left[i]))
         sid = self._state_no.get(key)
         if sid is None:
             sid = self._state_no[key] = len(self.states)
@@ -158,35 +158,38 @@ class FractionalCluster:
 
 
 class WorkloadMix:
-    """FGD's target workload: each pod shape (GPUs, milli, models, CPU asked) with its share of the pods.
+    """FGD's target workload: each pod shape (GPUs, milli, models, CPU and memory asked) with its share.
 
-    The paper's artifact keys a typical pod by its CPU too (`PodResource`): a node whose CPU is gone cannot run
-    the pod, so its free GPU milli is fragment to it. `with_cpu=False` leaves CPU out (every CPU counts 0)."""
+    The paper's artifact keys a typical pod by its CPU too (`PodResource`, no memory): a node whose CPU is gone
+    cannot run the pod, so its free GPU milli is fragment to it. `with_cpu=False` leaves CPU out. Memory is
+    kept per shape; whether the measure checks it is the `FragTable`'s choice."""
 
     def __init__(self, pods: Iterable[FracPod], *, with_cpu: bool = True) -> None:
-        counts = Counter(p.shape + ((p.cpu_milli if with_cpu else 0),) for p in pods)
+        counts = Counter(p.shape + ((p.cpu_milli if with_cpu else 0), p.memory_mib) for p in pods)
         total = sum(counts.values())
         if not total:
             raise ValueError("the workload has no pods")
-        # (num_gpu, milli, models, CPU milli, probability), most frequent first (ties: a fixed order)
-        self.entries = [(k, m, models, cpu, n / total) for (k, m, models, cpu), n in
-                        sorted(counts.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1], kv[0][3],
+        # (num_gpu, milli, models, CPU milli, memory MiB, probability), most frequent first (ties: a fixed order)
+        self.entries = [(k, m, models, cpu, mem, n / total) for (k, m, models, cpu, mem), n in
+                        sorted(counts.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1], kv[0][3], kv[0][4],
                                                                sorted(kv[0][2] or ())))]
 
 
-def node_frag(model: str, gpus: Sequence[int], mix: WorkloadMix, cpu_left: int | None = None) -> float:
+def node_frag(model: str, gpus: Sequence[int], mix: WorkloadMix, cpu_left: int | None = None,
+              mem_left: int | None = None) -> float:
     """Expected GPU milli of a node (its GPUs' milli left: `gpus`; its CPU left) that a pod drawn from `mix`
     cannot use.
 
     Per FGD: a pod that asks no GPU, may not run on `model`, lacks CPU, or finds fewer than k GPUs with its
     milli left sees all the node's free milli as fragment; a pod that fits sees as fragment the GPUs with
-    less than its milli left. `cpu_left` None: CPU is not checked."""
+    less than its milli left. `cpu_left` / `mem_left` None: not checked."""
     total = sum(gpus)
     if not total:
         return 0.0
     out = 0.0
-    for k, m, models, cpu, p in mix.entries:
-        if not k or (models is not None and model not in models) or (cpu_left is not None and cpu_left < cpu):
+    for k, m, models, cpu, mem, p in mix.entries:
+        if (not k or (models is not None and model not in models) or (cpu_left is not None and cpu_left < cpu)
+                or (mem_left is not None and mem_left < mem)):
             out += p * total
             continue
         fit = 0
@@ -201,20 +204,22 @@ def node_frag(model: str, gpus: Sequence[int], mix: WorkloadMix, cpu_left: int |
 
 
 class FragTable:
-    """`node_frag` memoised per (model, sorted GPU milli left, CPU class): node states repeat a lot. The CPU
-    class is how many of the mix's CPU asks the CPU left covers, all that the measure reads of it."""
+    """`node_frag` memoised per (model, sorted GPU milli left, CPU class, memory class): node states repeat a
+    lot. A class is how many of the mix's asks the CPU (memory) left covers, all the measure reads of it.
+    `memory=False` (the paper's measure) does not check memory."""
 
-    def __init__(self, mix: WorkloadMix) -> None:
+    def __init__(self, mix: WorkloadMix, *, memory: bool = False) -> None:
         self.mix = mix
+        self.memory = memory
         self._cpus = sorted({e[3] for e in mix.entries})
-        self._memo: dict[tuple[str, tuple[int, ...], int], float] = {}
+        self._mems = sorted({e[4] for e in mix.entries}) if memory else []
+        self._memo: dict[tuple[str, tuple[int, ...], int, int], float] = {}
 
-    def __call__(self, model: str, gpus: tuple[int, ...], cpu_left: int) -> float:
-        cls = bisect.bisect_right(self._cpus, cpu_left)
-        key = (model, gpus, cls)
+    def __call__(self, model: str, gpus: tuple[int, ...], cpu_left: int, mem_left: int) -> float:
+        key = (model, gpus, bisect.bisect_right(self._cpus, cpu_left), bisect.bisect_right(self._mems, mem_left))
         v = self._memo.get(key)
         if v is None:
-            v = self._memo[key] = node_frag(model, gpus, self.mix, cpu_left)
+            v = self._memo[key] = node_frag(model, gpus, self.mix, cpu_left, mem_left if self.memory else None)
         return v
 
 

@@ -19,7 +19,7 @@ uniformly random one (the Kubernetes scheduler's `selectHost`), and the policy's
 Unless a policy has its own GPU rule, a shared pod takes the tightest GPU that holds it and a whole-GPU pod
 the node's first free GPUs.
 
-`ours` is the engine's view of the same decision (see its docstring).
+`ours` (see its docstring) is FGD's term with the engine's memory check and no-access tie rule.
 """
 from __future__ import annotations
 
@@ -183,8 +183,9 @@ class PackingPolicy(PaperPolicy):
         return np.where(n_free == c.gpu_count[feas], idle_node, used)
 
 
-def _sigmoid_score(before: float, after: float) -> int:
-    return int(100.0 / (1.0 + math.exp(-(before - after) / 1000.0)))
+def sigmoid_score(decrease: float) -> int:
+    """The artifact's FGD score: an integer 0..100 of the fragmentation decrease in milli (50 = no change)."""
+    return int(100.0 / (1.0 + math.exp(-decrease / 1000.0)))
 
 
 class FgdPolicy(PaperPolicy):
@@ -192,31 +193,46 @@ class FgdPolicy(PaperPolicy):
     sigmoid of the decrease, so near-equal nodes tie and the tie is broken at random)."""
 
     name = "fgd"
+    memory = False  # the paper's measure checks CPU, not memory
+    node_term = False
 
     def __init__(self, cluster, *, mix, seed=0):
         super().__init__(cluster, mix=mix, seed=seed)
-        self.frag = FragTable(mix)
+        self.frag = FragTable(mix, memory=self.memory)
         self._tables: dict[tuple, np.ndarray] = {}
+        total = sum(e[-1] for e in mix.entries)
+        multi: dict[int, float] = {}
+        for k, *_, p in mix.entries:
+            if k > 1:
+                multi[k] = multi.get(k, 0.0) + p / total
+        self._multi = tuple(sorted(multi.items()))  # (k, probability) of k-GPU pods, for the node term
 
-    def state_score(self, model: str, gpus: tuple[int, ...], cpu: int, pod: FracPod) -> float:
-        before = self.frag(model, gpus, cpu)
-        cpu_after = cpu - pod.cpu_milli
+    def decrease(self, model: str, before: float, gpus: tuple[int, ...], after: tuple[int, ...], cpu: int,
+                 mem: int) -> float:
+        """How much fragmentation (milli) an option removes; with `node_term`, less the engine's node-level
+        term for k-GPU demand (fragmentation.node_delta: the free whole GPUs k-GPU pods can no longer use)."""
+        d = before - self.frag(model, after, cpu, mem)
+        if self.node_term:
+            free_before = sum(1 for v in gpus if v == MILLI)
+            d -= MILLI * node_delta(self._multi, free_before, free_before - sum(1 for v in after if v == MILLI))
+        return d
+
+    def state_score(self, model: str, gpus: tuple[int, ...], cpu: int, mem: int, pod: FracPod) -> float:
+        before = self.frag(model, gpus, cpu, mem)
+        cpu_after, mem_after = cpu - pod.cpu_milli, mem - pod.memory_mib
         if pod.shared:
-            best = None
-            for j, v in enumerate(gpus):
-                if v >= pod.gpu_milli and (j == 0 or gpus[j - 1] != v):
-                    s = self.option_score(before, self.frag(model, after_share(gpus, j, pod.gpu_milli), cpu_after))
-                    best = s if best is None or s > best else best
-            return -math.inf if best is None else best
-        after = after_exclusive(gpus, pod.num_gpu, pod.gpu_milli) if pod.num_gpu else gpus
-        return -math.inf if after is None else self.option_score(before, self.frag(model, after, cpu_after))
-
-    def option_score(self, before: float, after: float) -> float:
-        return _sigmoid_score(before, after)
+            options = [after_share(gpus, j, pod.gpu_milli) for j, v in enumerate(gpus)
+                       if v >= pod.gpu_milli and (j == 0 or gpus[j - 1] != v)]
+        else:
+            after = after_exclusive(gpus, pod.num_gpu, pod.gpu_milli) if pod.num_gpu else gpus
+            options = [after] if after is not None else []
+        if not options:
+            return -math.inf
+        return max(sigmoid_score(self.decrease(model, before, gpus, a, cpu_after, mem_after)) for a in options)
 
     def scores(self, pod, feas):
         c = self.cluster
-        key = (pod.shape, pod.cpu_milli)
+        key = (pod.shape, pod.cpu_milli, pod.memory_mib)
         table = self._tables.get(key)
         if table is None or len(table) < len(c.states):
             grown = np.full(len(c.states) + 256, np.nan)
@@ -235,56 +251,48 @@ class FgdPolicy(PaperPolicy):
         c = self.cluster
         model = c.nodes[i].model
         row = [int(v) for v in c.free[i, :c.gpu_count[i]]]
-        cpu = int(c.cpu_left[i])
-        before = self.frag(model, tuple(sorted(row)), cpu)
+        cpu, mem = int(c.cpu_left[i]), int(c.mem_left[i])
+        gpus = tuple(sorted(row))
+        before = self.frag(model, gpus, cpu, mem)
         best, best_g = None, -1
         for g, v in enumerate(row):  # slot order, first best wins (the artifact's rule)
             if v >= pod.gpu_milli:
                 after = list(row)
                 after[g] -= pod.gpu_milli
-                s = self.option_score(before, self.frag(model, tuple(sorted(after)), cpu - pod.cpu_milli))
+                s = sigmoid_score(self.decrease(model, before, gpus, tuple(sorted(after)), cpu - pod.cpu_milli,
+                                                mem - pod.memory_mib))
                 if best is None or s > best:
                     best, best_g = s, g
         return [best_g]
 
 
 class OursPolicy(FgdPolicy):
-    """The engine's placement terms on fractional GPUs: FGD's fragmentation growth, exact rather than
-    quantised (nodes whose growth differs by a few milli no longer tie and fall to a coin), plus the engine's
-    node term for k-GPU demand (`fragmentation.node_delta`: breaking into the last node that could host an
-    8-GPU pod costs what that pod loses), in milli-GPU, with best-fit's tightness to break exact ties."""
+    """Ours on fractional GPUs: FGD's fragmentation term as the engine measures it, and a tie rule.
+
+    - A typical pod whose memory no longer fits counts the node's free GPU milli as fragment, as it does for
+      CPU: the engine's filters check memory, the paper's measure does not, so FGD strands GPUs behind
+      exhausted memory that it never sees.
+    - Options whose integer scores tie go to the node whose GPU model more of the workload may use (the share
+      of GPU pods not pinned away from it; cf. the engine's no-access term, fragmentation.NO_ACCESS), and only
+      then to a coin; with no pinned pods every node ties on it and this is FGD's coin. FGD's own no-access
+      term already pushes each unpinned pod toward the models pinned pods cannot use (their free milli was
+      fragment to those pods anyway); on a tie this leans back. Chosen by measurement, not derived: on the
+      four openb lists (seeds 42-44) a tie rule toward the tightest node gains 0.1-0.3 points on the unpinned
+      lists and loses 0.7-1 on gpuspec33; toward the model fewer pods may use loses 1-4 points there
+      (docs/simulator.md).
+    """
 
     name = "ours"
+    memory = True
 
     def __init__(self, cluster, *, mix, seed=0):
         super().__init__(cluster, mix=mix, seed=seed)
-        total = sum(e[-1] for e in mix.entries)
-        multi: dict[int, float] = {}
-        for k, _, _, _, p in mix.entries:
-            if k > 1:
-                multi[k] = multi.get(k, 0.0) + p / total
-        self._multi = tuple(sorted(multi.items()))
-
-    def option_score(self, before, after):
-        return before - after
-
-    def state_score(self, model, gpus, cpu, pod):
-        s = super().state_score(model, gpus, cpu, pod)
-        if s == -math.inf or not pod.num_gpu:
-            return s
-        free_before = sum(1 for v in gpus if v == MILLI)
-        after = (min((after_share(gpus, j, pod.gpu_milli) for j, v in enumerate(gpus) if v >= pod.gpu_milli),
-                     key=lambda t: self.frag(model, t, cpu - pod.cpu_milli)) if pod.shared
-                 else after_exclusive(gpus, pod.num_gpu, pod.gpu_milli))
-        taken = free_before - sum(1 for v in after if v == MILLI)
-        return s - MILLI * node_delta(self._multi, free_before, taken)
+        gpu_pods = [e for e in mix.entries if e[0]]
+        share = {m: sum(e[-1] for e in gpu_pods if e[2] is None or m in e[2]) for m in cluster.models}
+        self._access = np.array([share[m] for m in cluster.models])[cluster.model_idx]
 
     def scores(self, pod, feas):
-        s = super().scores(pod, feas)
-        c = self.cluster
-        # ties (equal fragmentation terms) go to the tighter node, as best-fit would place them
-        tight = (c.gpu_left[feas] - pod.gpu_demand) / MAX_SPEC_GPU + (c.cpu_left[feas] - pod.cpu_milli) / MAX_SPEC_CPU
-        return np.round(s, 6) - 1e-3 * tight
+        return super().scores(pod, feas) + 0.1 * self._access[feas]  # below one score point: only breaks ties
 
 
 POLICIES: dict[str, Callable[..., PaperPolicy]] = {

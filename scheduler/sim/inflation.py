@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from scheduler.core.fractional import FracNode, FracPod, FractionalCluster, WorkloadMix
+from scheduler.core.fractional import MILLI, FracNode, FracPod, FractionalCluster, WorkloadMix
 from scheduler.core.paper import POLICIES
 
 from .run import DEFAULT_TRACE, DEFAULT_TRACE_DIR
@@ -79,11 +79,13 @@ class Curve:
     dropped: int
 
     def at(self, x: float) -> float:
-        """Allocation when the arrived workload first reached `x` (the last point if it never did)."""
+        """Allocation when the arrived workload was `x`: after the last pod that kept it at or below `x`."""
+        out = 0.0
         for a, b in zip(self.arrived, self.allocated):
-            if a >= x - 1e-12:
-                return b
-        return self.allocated[-1] if self.allocated else 0.0
+            if a > x + 1e-12:
+                break
+            out = b
+        return out
 
     def grid(self, step: float = 0.01, top: float = INFLATION) -> list[float]:
         """Allocation at arrived = 0, step, 2·step, ... top (the last pod at or before each point)."""
@@ -100,11 +102,19 @@ class Curve:
 
 def run_one(nodes: Sequence[FracNode], pods: Sequence[FracPod], mix: WorkloadMix, policy: str, seed: int,
             ratio: float = INFLATION) -> Curve:
+    """One seed: the inflated arrivals drawn from `pods`, placed by `policy`."""
+    capacity = sum(n.gpus for n in nodes) * MILLI
+    return replay(nodes, inflate(pods, capacity_milli=capacity, seed=seed, ratio=ratio), mix, policy, seed)
+
+
+def replay(nodes: Sequence[FracNode], arrivals: Sequence[FracPod], mix: WorkloadMix, policy: str,
+           seed: int) -> Curve:
+    """`arrivals` in order on an empty cluster, none leaving; a pod that fits nowhere is dropped."""
     cluster = FractionalCluster(nodes)
     sched = POLICIES[policy](cluster, mix=mix, seed=seed)
     arrived, allocated, dropped, got = [], [], 0, 0
     cap = cluster.capacity_milli
-    for pod in inflate(pods, capacity_milli=cap, seed=seed, ratio=ratio):
+    for pod in arrivals:
         got += pod.gpu_demand
         if not sched.place(pod):
             dropped += 1
