@@ -10,14 +10,7 @@ from . import inflation
 from .mapping import FRACTION_BASES, parse_model_map
 from .policies import POLICY_NAMES, factories
 from .report import plot, reasons_text, table, write_json
-from .run import DEFAULT_TRACE, DEFAULT_TRACE_DIR, SimConfig, payload, prepare, run_all
-
-
-def _trace_path(value: str) -> Path:
-    p = Path(value)
-    if not p.exists() and (DEFAULT_TRACE_DIR / value).exists():
-        return DEFAULT_TRACE_DIR / value  # a bare file name means one of the openb files
-    return p
+from .run import DEFAULT_TRACE, DEFAULT_TRACE_DIR, SimConfig, payload, prepare, run_all, trace_path
 
 
 def _protect(value: str) -> float | None:
@@ -27,7 +20,7 @@ def _protect(value: str) -> float | None:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m scheduler.sim", description=__doc__,
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--trace", type=_trace_path, default=DEFAULT_TRACE_DIR / DEFAULT_TRACE,
+    ap.add_argument("--trace", type=trace_path, default=DEFAULT_TRACE_DIR / DEFAULT_TRACE,
                     help="pod list CSV (a bare openb file name is looked up in the default trace folder)")
     ap.add_argument("--nodes", type=Path, default=None, help="node list CSV (default: the one beside --trace)")
     ap.add_argument("--pool", choices=("openb", "modern"), default="openb",

@@ -25,7 +25,7 @@ from typing import Sequence
 from scheduler.core.fractional import MILLI, FracNode, FracPod, FractionalCluster, WorkloadMix
 from scheduler.core.paper import POLICIES
 
-from .run import DEFAULT_TRACE, DEFAULT_TRACE_DIR
+from .run import DEFAULT_TRACE, trace_path
 
 NODE_LIST = "openb_node_list_gpu_node.csv"
 DEFAULT_SEEDS = tuple(range(42, 52))
@@ -249,13 +249,6 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", type=Path, default=None, help="write curves and table as JSON")
     ap.add_argument("--quiet", action="store_true")
     return ap
-
-
-def trace_path(value: str) -> Path:
-    p = Path(value)
-    if not p.exists() and (DEFAULT_TRACE_DIR / value).exists():
-        return DEFAULT_TRACE_DIR / value
-    return p
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -111,3 +111,11 @@ def payload(prepared: Prepared, results: list[RunResult]) -> dict[str, Any]:
         "window_s": [prepared.window[0], prepared.window[1] if math.isfinite(prepared.window[1]) else None],
         "policies": [dict(summarise(r), series=series(r)) for r in results],
     }
+
+
+def trace_path(value: str) -> Path:
+    """A pod list path; a bare openb file name means one of the files in the default trace folder."""
+    p = Path(value)
+    if not p.exists() and (DEFAULT_TRACE_DIR / value).exists():
+        return DEFAULT_TRACE_DIR / value
+    return p
