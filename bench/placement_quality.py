@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from concurrent.futures import ProcessPoolExecutor
 import sys
 import time
 from pathlib import Path
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--protocol", choices=("replay", "inflation"), default="replay",
                     help="inflation: the FGD paper's protocol and table (issue 12 §1)")
     ap.add_argument("--plot", type=Path, default=None, help="inflation: allocation vs arrived per policy (PNG)")
+    ap.add_argument("--jobs", type=int, default=2, help="inflation: pod lists run in this many processes")
     args = ap.parse_args(argv)
     if args.protocol == "inflation":
         return inflation_bench(args)
@@ -145,13 +147,18 @@ def inflation_verdicts(r: "inflation.ProtocolResult") -> list[str]:
     return out
 
 
+def _inflation_run(run: tuple[Path, tuple[int, ...]]) -> "inflation.ProtocolResult":
+    return inflation.run_protocol(run[0], seeds=run[1])
+
+
 def inflation_bench(args) -> int:
     t0 = time.perf_counter()
     first, others = INFLATION_SEEDS["quick" if args.quick else "full"]
-    results = []
-    for n, trace in enumerate(INFLATION_TRACES):
-        r = inflation.run_protocol(args.trace_dir / trace, seeds=first if n == 0 else others)
-        results.append(r)
+    runs = [(args.trace_dir / trace, first if n == 0 else others) for n, trace in enumerate(INFLATION_TRACES)]
+    # one process per pod list (each run is independent and seeded): the figures do not depend on --jobs
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = list(pool.map(_inflation_run, runs))
+    for r in results:
         print()
         print(inflation.table(r))
         for line in inflation_verdicts(r):

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Iterable, Sequence
 
 import numpy as np
 
@@ -131,7 +131,8 @@ class FractionalCluster:
         if self.cpu_left[i] < pod.cpu_milli or self.mem_left[i] < pod.memory_mib:
             raise ValueError(f"node {self.nodes[i].id} lacks CPU or memory for the pod")
         if pod.num_gpu and not self.model_mask(pod.models)[i]:
-            raise ValueError(f"node {self.nodes[i].id} has {self.nodes[i].model}, the pod asks {sorted(pod.models or ())}")
+            raise ValueError(f"node {self.nodes[i].id} has {self.nodes[i].model}, "
+                             f"the pod asks {sorted(pod.models or ())}")
         for g in gpus:
             if not 0 <= g < self.gpu_count[i] or self.free[i, g] < pod.gpu_milli:
                 raise ValueError(f"GPU {g} of node {self.nodes[i].id} has not {pod.gpu_milli} milli left")

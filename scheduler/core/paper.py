@@ -24,12 +24,19 @@ the node's first free GPUs.
 from __future__ import annotations
 
 import math
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
-from .fractional import (MILLI, FracPod, FractionalCluster, FragTable, WorkloadMix, after_exclusive,
-                         after_share)
+from .fractional import (
+    MILLI,
+    FracPod,
+    FractionalCluster,
+    FragTable,
+    WorkloadMix,
+    after_exclusive,
+    after_share,
+)
 from .fragmentation import node_delta
 
 MAX_SPEC_CPU = 128_000  # milli-CPU of the largest openb node: the artifact's normalisation constant
@@ -277,7 +284,7 @@ class OursPolicy(FgdPolicy):
       then to a coin; with no pinned pods every node ties on it and this is FGD's coin. FGD's own no-access
       term already pushes each unpinned pod toward the models pinned pods cannot use (their free milli was
       fragment to those pods anyway); on a tie this leans back. Chosen by measurement, not derived: on the
-      four openb lists (seeds 42-44) a tie rule toward the tightest node gains 0.1-0.3 points on the unpinned
+      four openb lists (seeds 42-44) a tie rule toward the tightest node gains about 0.1 point on the unpinned
       lists and loses 0.7-1 on gpuspec33; toward the model fewer pods may use loses 1-4 points there
       (docs/simulator.md).
     """

@@ -1,4 +1,4 @@
-"""The FGD paper's workload-inflation protocol (Weng et al., USENIX ATC '23, §5; its open simulator).
+"""The FGD paper's workload-inflation protocol (Weng et al., USENIX ATC '23, and its open simulator).
 
 On the full openb cluster (every node of the node list, with its CPU and memory), pods drawn from the pod
 list with replacement (seeded) arrive one after another, none leaves, until the GPU milli that arrived
@@ -18,11 +18,17 @@ import json
 import random
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
-from scheduler.core.fractional import MILLI, FracNode, FracPod, FractionalCluster, WorkloadMix
+from scheduler.core.fractional import (
+    MILLI,
+    FracNode,
+    FracPod,
+    FractionalCluster,
+    WorkloadMix,
+)
 from scheduler.core.paper import POLICIES
 
 from .run import DEFAULT_TRACE, trace_path
@@ -90,7 +96,7 @@ class Curve:
     def grid(self, step: float = 0.01, top: float = INFLATION) -> list[float]:
         """Allocation at arrived = 0, step, 2·step, ... top (the last pod at or before each point)."""
         out, j, cur = [], 0, 0.0
-        n = int(round(top / step))
+        n = round(top / step)
         for i in range(n + 1):
             x = i * step + 1e-12
             while j < len(self.arrived) and self.arrived[j] <= x:
@@ -165,8 +171,8 @@ def run_protocol(trace: Path, *, nodes_path: Path | None = None, seeds: Sequence
 def table(result: ProtocolResult, *, paper: bool | None = None) -> str:
     """GPU allocation at 100% and 110% arrived per policy, beside the paper's figure at 100% (default trace)."""
     paper = result.trace == DEFAULT_TRACE if paper is None else paper
-    lines = [f"{result.trace}: {result.nodes} nodes, {result.gpus} GPUs, seeds "
-             f"{_seed_text(result.seeds)} (GPU allocation, % of capacity)",
+    lines = [(f"{result.trace}: {result.nodes} nodes, {result.gpus} GPUs, seeds "
+              f"{_seed_text(result.seeds)} (GPU allocation, % of capacity)"),
              f"  {'policy':12s} {'@100%':>7s} {'@110%':>7s}" + (f" {'paper@100%':>10s} {'diff':>6s}" if paper else "")]
     for p in result.curves:
         a, b = 100 * result.at[p][1.0], 100 * result.at[p][1.1]
@@ -185,6 +191,10 @@ def _seed_text(seeds: Sequence[int]) -> str:
     return ",".join(map(str, s))
 
 
+LINE_STYLE = {"fgd": {"color": "black", "linewidth": 1.4, "linestyle": "--"},
+              "ours": {"color": "tab:red", "linewidth": 1.6}}
+
+
 def plot(path: Path, results: Sequence[ProtocolResult]) -> None:
     """Allocation vs arrived workload per policy, one panel per pod list (the paper's Fig. 7 shape)."""
     import matplotlib
@@ -199,7 +209,7 @@ def plot(path: Path, results: Sequence[ProtocolResult]) -> None:
     for ax, r in zip(axes.flat, results):
         for p, curve in r.curves.items():
             xs = [100 * i * 0.01 for i in range(len(curve))]
-            ax.plot(xs, [100 * v for v in curve], label=p, linewidth=1.6 if p in ("fgd", "ours") else 1.0)
+            ax.plot(xs, [100 * v for v in curve], label=p, **LINE_STYLE.get(p, {"linewidth": 1.0}))
         ax.plot([0, 100 * INFLATION], [0, 100 * INFLATION], color="grey", linewidth=0.6, linestyle=":")
         ax.set_xlim(60, 100 * INFLATION)
         ax.set_ylim(55, 100)
@@ -236,15 +246,16 @@ def parse_seeds(text: str) -> tuple[int, ...]:
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m scheduler.sim --protocol inflation",
-                                 description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(prog="python -m scheduler.sim --protocol inflation", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--trace", action="append", default=None,
                     help="pod list CSV (repeatable; a bare openb file name is looked up in the default trace "
                          f"folder; default {DEFAULT_TRACE})")
     ap.add_argument("--nodes", type=Path, default=None, help=f"node list CSV (default: {NODE_LIST} beside --trace)")
     ap.add_argument("--seeds", type=parse_seeds, default=DEFAULT_SEEDS, help="default 42-51, as the paper")
     ap.add_argument("--policies", default=",".join(PAPER_ORDER), help=f"comma-separated, from {', '.join(PAPER_ORDER)}")
-    ap.add_argument("--inflation", type=float, default=INFLATION, help="stop when arrived GPU milli reaches this × capacity")
+    ap.add_argument("--inflation", type=float, default=INFLATION,
+                    help="stop when arrived GPU milli reaches this × capacity")
     ap.add_argument("--plot", type=Path, default=None, help="write allocation vs arrived per policy (PNG)")
     ap.add_argument("--json", type=Path, default=None, help="write curves and table as JSON")
     ap.add_argument("--quiet", action="store_true")

@@ -6,8 +6,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scheduler.core.fractional import (MILLI, FracNode, FracPod, FractionalCluster, FragTable, WorkloadMix,
-                                       after_exclusive, node_frag)
+from scheduler.core.fractional import (
+    MILLI,
+    FracNode,
+    FracPod,
+    FractionalCluster,
+    FragTable,
+    WorkloadMix,
+    after_exclusive,
+    node_frag,
+)
 from scheduler.core.paper import POLICIES, sigmoid_score
 
 MODELS = ("T4", "V100M16", "G2")
@@ -80,11 +88,10 @@ def test_allocate_names_what_is_short():
         c.allocate(0, FracPod(1000, 1024, 1, 100), [])
 
 
-@pytest.mark.parametrize("bad", [dict(num_gpu=2, gpu_milli=500), dict(num_gpu=1, gpu_milli=1001),
-                                 dict(num_gpu=1, gpu_milli=0), dict(num_gpu=-1, gpu_milli=0)])
-def test_pod_shapes_the_model_cannot_hold_are_refused(bad):
+@pytest.mark.parametrize("num_gpu, gpu_milli", [(2, 500), (1, 1001), (1, 0), (-1, 0)])
+def test_pod_shapes_the_model_cannot_hold_are_refused(num_gpu, gpu_milli):
     with pytest.raises(ValueError):
-        FracPod(1000, 1024, **bad)
+        FracPod(1000, 1024, num_gpu, gpu_milli)
 
 
 MIX = WorkloadMix([FracPod(2000, 1024, 1, 500), FracPod(8000, 1024, 2, MILLI), FracPod(1000, 1024),
