@@ -9,7 +9,7 @@ import pytest
 from scheduler.core.fractional import FracNode, FracPod, FractionalCluster, WorkloadMix
 from scheduler.core.paper import POLICIES
 from scheduler.sim import cli
-from scheduler.sim.inflation import Curve, inflate, parse_seeds, replay, run_one
+from scheduler.sim.inflation import Curve, ProtocolResult, inflate, parse_seeds, replay, run_one
 
 EVERY_POLICY = sorted(POLICIES)
 
@@ -162,3 +162,25 @@ def test_cli_says_what_is_missing_instead_of_a_traceback(tmp_path, capsys):
     assert "no node list" in capsys.readouterr().err
     assert cli.main(["--protocol", "inflation", "--trace", str(pods), "--policies", "nope"]) == 2
     assert "unknown policies: nope" in capsys.readouterr().err
+
+
+def load_bench():
+    import importlib.util
+
+    from tests.conftest import ROOT
+    spec = importlib.util.spec_from_file_location("placement_quality", ROOT / "bench" / "placement_quality.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_bench_says_whether_each_claim_holds_and_by_how_much_it_misses():
+    bench = load_bench()
+    at = {"best-fit": {1.0: 0.9150, 1.1: 0.92}, "fgd": {1.0: 0.9510, 1.1: 0.9520},
+          "ours": {1.0: 0.9530, 1.1: 0.9510}}
+    r = ProtocolResult("openb_pod_list_default.csv", (42,), 6212, 1213, {p: [] for p in at}, at, {})
+    lines = "\n".join(bench.inflation_verdicts(r))
+    assert "best-fit at 100% arrived 91.50 vs paper 92.9 (claim: within 1 point): MISSES by 0.40 points" in lines
+    assert "fgd at 100% arrived 95.10 vs paper 95.2 (claim: within 1 point): HOLDS" in lines
+    assert "ours 95.30 vs fgd 95.10 at 100% arrived (claim: ours >= fgd): HOLDS" in lines
+    assert "ours 95.10 vs fgd 95.20 at 110% arrived (claim: ours >= fgd): MISSES by 0.10 points" in lines
