@@ -10,7 +10,7 @@ from . import inflation
 from .mapping import FRACTION_BASES, parse_model_map
 from .policies import POLICY_NAMES, factories
 from .report import plot, reasons_text, table, write_json
-from .run import DEFAULT_TRACE, DEFAULT_TRACE_DIR, SimConfig, payload, prepare, run_all, trace_path
+from .run import DEFAULT_TRACE, DEFAULT_TRACE_DIR, SimConfig, payload, policy_list, prepare, run_all, trace_path
 
 
 def _protect(value: str) -> float | None:
@@ -76,10 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     if protocol == "inflation":
         return inflation.main(rest)
     args = parser().parse_args(argv)
-    names = [n.strip() for n in args.policies.split(",") if n.strip()]
-    unknown = [n for n in names if n not in POLICY_NAMES]
-    if unknown:
-        print(f"unknown policies: {', '.join(unknown)}; known: {', '.join(POLICY_NAMES)}", file=sys.stderr)
+    names, problem = policy_list(args.policies, POLICY_NAMES)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     config = SimConfig(trace=args.trace, nodes=args.nodes, pool=args.pool, pool_scale=args.pool_scale,
                        model_map=parse_model_map(args.model_map), load=args.load, limit=args.limit,

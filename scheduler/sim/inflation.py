@@ -31,7 +31,7 @@ from scheduler.core.fractional import (
 )
 from scheduler.core.paper import POLICIES
 
-from .run import DEFAULT_TRACE, trace_path
+from .run import DEFAULT_TRACE, policy_list, trace_path
 
 NODE_LIST = "openb_node_list_gpu_node.csv"
 DEFAULT_SEEDS = tuple(range(42, 52))
@@ -264,10 +264,9 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    names = [n.strip() for n in args.policies.split(",") if n.strip()]
-    unknown = [n for n in names if n not in POLICIES]
-    if unknown:
-        print(f"unknown policies: {', '.join(unknown)}; known: {', '.join(PAPER_ORDER)}", file=sys.stderr)
+    names, problem = policy_list(args.policies, PAPER_ORDER)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     if args.inflation < 1.1:
         print("--inflation must be at least 1.1 (the table reads 100% and 110% arrived)", file=sys.stderr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from scheduler.core.model import NodeState
 
@@ -119,3 +119,12 @@ def trace_path(value: str) -> Path:
     if not p.exists() and (DEFAULT_TRACE_DIR / value).exists():
         return DEFAULT_TRACE_DIR / value
     return p
+
+
+def policy_list(text: str, known: Sequence[str]) -> tuple[list[str], str | None]:
+    """Comma-separated policy names -> (names, None), or ([], what is wrong) when one is not known."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        return [], f"unknown policies: {', '.join(unknown)}; known: {', '.join(known)}"
+    return names, None
