@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--protocol", choices=("replay", "inflation"), default="replay",
                     help="inflation: the FGD paper's protocol and table (issue 12 §1)")
     ap.add_argument("--plot", type=Path, default=None, help="inflation: allocation vs arrived per policy (PNG)")
-    ap.add_argument("--jobs", type=int, default=2, help="inflation: pod lists run in this many processes")
+    ap.add_argument("--jobs", type=int, default=4, help="inflation: pod lists run in this many processes")
     args = ap.parse_args(argv)
     if args.protocol == "inflation":
         return inflation_bench(args)

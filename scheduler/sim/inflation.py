@@ -192,7 +192,7 @@ def _seed_text(seeds: Sequence[int]) -> str:
 
 
 LINE_STYLE = {"fgd": {"color": "black", "linewidth": 1.4, "linestyle": "--"},
-              "ours": {"color": "tab:red", "linewidth": 1.6}}
+              "ours": {"color": "magenta", "linewidth": 1.6}}
 
 
 def plot(path: Path, results: Sequence[ProtocolResult]) -> None:
