@@ -16,7 +16,7 @@ from scheduler.core.fractional import (
     after_exclusive,
     node_frag,
 )
-from scheduler.core.paper import POLICIES, sigmoid_score
+from scheduler.core.paper import POLICIES, FgdPolicy, sigmoid_score
 
 MODELS = ("T4", "V100M16", "G2")
 
@@ -128,3 +128,18 @@ def test_a_multi_gpu_pod_takes_the_tightest_gpus_that_hold_it():
 def test_fgd_score_is_the_artifacts_integer_sigmoid():
     assert sigmoid_score(0) == 50
     assert sigmoid_score(-550) == 36 and sigmoid_score(150) == 53
+
+
+def test_the_engines_node_term_charges_breaking_the_last_free_pair_for_two_gpu_pods():
+    class WithNodeTerm(FgdPolicy):
+        node_term = True
+
+    mix = WorkloadMix([FracPod(1000, 1024, 1, 500), FracPod(1000, 1024, 2, MILLI)])  # 1/2 each
+    c = FractionalCluster([FracNode("n0", "G2", 2, 64000, 65536)])
+    plain, charged = FgdPolicy(c, mix=mix), WithNodeTerm(c, mix=mix)
+    before = plain.frag("G2", (1000, 1000), 64000, 65536)
+    # a 500-milli pod on one of two free GPUs: the 2-GPU pod (p 1/2) loses its node: fragmentation.node_delta
+    # counts the one free whole GPU left, 1/2 x 1 GPU = 500 milli more
+    a = plain.decrease("G2", before, (1000, 1000), (500, 1000), 63000, 64512)
+    b = charged.decrease("G2", before, (1000, 1000), (500, 1000), 63000, 64512)
+    assert a - b == pytest.approx(500.0)
