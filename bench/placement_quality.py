@@ -9,6 +9,9 @@ not used to tune ours (the list it was tuned on is printed too) and puts best-fi
 weighting and ours with weights that follow the learnt demand mix side by side, each beside the capacity
 bound (the most allocation any policy could reach on those arrivals, scheduler/sim/bound.py).
 
+    .venv/bin/python bench/placement_quality.py --protocol inflation [--quick] [--plot curves.png]
+        # the FGD paper's protocol: its table at 100%/110% arrived beside the paper's figures (issue 12 §1)
+
 Claims checked (from the articles this project answers), each printed as measured, with the margin:
 - allocation, ours / whole-GPU renting >= 2x
 - p99 queue wait, ours / whole-GPU renting <= 0.28x
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from concurrent.futures import ProcessPoolExecutor
 import sys
 import time
 from pathlib import Path
@@ -28,6 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from scheduler.sim import generalise  # noqa: E402
+from scheduler.sim import inflation  # noqa: E402
 from scheduler.sim.policies import factory  # noqa: E402
 from scheduler.sim.report import human_seconds, summarise  # noqa: E402
 from scheduler.sim.run import DEFAULT_TRACE_DIR, SimConfig, capacity_bound, prepare, run_policy  # noqa: E402
@@ -93,7 +98,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--trace-dir", type=Path, default=DEFAULT_TRACE_DIR)
     ap.add_argument("--section", choices=("claims", "variants", "all"), default="all",
                     help="claims: the articles' claims on default and gpushare40; variants: the §2 report")
+    ap.add_argument("--protocol", choices=("replay", "inflation"), default="replay",
+                    help="inflation: the FGD paper's protocol and table (issue 12 §1)")
+    ap.add_argument("--plot", type=Path, default=None, help="inflation: allocation vs arrived per policy (PNG)")
+    ap.add_argument("--jobs", type=int, default=4, help="inflation: pod lists run in this many processes")
     args = ap.parse_args(argv)
+    if args.protocol == "inflation":
+        return inflation_bench(args)
     t0 = time.perf_counter()
     results: list = []
     if args.section in ("claims", "all"):
@@ -148,6 +159,54 @@ def claims(args) -> list[dict]:
                             "policies": {k: {kk: vv for kk, vv in v.items() if kk != "placed_as"}
                                          for k, v in s.items()}})
     return results
+
+
+# --- issue 12 §1: the FGD paper's inflation protocol ------------------------------------------------------------
+
+INFLATION_TRACES = ("openb_pod_list_default.csv", "openb_pod_list_gpushare40.csv", "openb_pod_list_gpuspec33.csv",
+                    "openb_pod_list_multigpu20.csv")
+# seeds per pod list: the paper's 42-51 on the default list; fewer on the other three to keep the run short
+INFLATION_SEEDS = {"full": (tuple(range(42, 52)), tuple(range(42, 47))), "quick": ((42, 43, 44), (42, 43))}
+
+
+def inflation_verdicts(r: "inflation.ProtocolResult") -> list[str]:
+    out = []
+    if r.trace == inflation.DEFAULT_TRACE:
+        for p in ("best-fit", "fgd"):
+            if p in r.at:
+                got, ref = 100 * r.at[p][1.0], inflation.PAPER_AT_100[p]
+                out.append(f"  {p} at 100% arrived {got:.2f} vs paper {ref:.1f} (claim: within 1 point): "
+                           + ("HOLDS" if abs(got - ref) <= 1.0 else f"MISSES by {abs(got - ref) - 1:.2f} points"))
+    if "ours" in r.at and "fgd" in r.at:
+        for x in inflation.REPORT_AT:
+            o, f = 100 * r.at["ours"][x], 100 * r.at["fgd"][x]
+            out.append(f"  ours {o:.2f} vs fgd {f:.2f} at {x:.0%} arrived (claim: ours >= fgd): "
+                       + ("HOLDS" if o >= f else f"MISSES by {f - o:.2f} points"))
+    return out
+
+
+def _inflation_run(run: tuple[Path, tuple[int, ...]]) -> "inflation.ProtocolResult":
+    return inflation.run_protocol(run[0], seeds=run[1])
+
+
+def inflation_bench(args) -> int:
+    t0 = time.perf_counter()
+    first, others = INFLATION_SEEDS["quick" if args.quick else "full"]
+    runs = [(args.trace_dir / trace, first if n == 0 else others) for n, trace in enumerate(INFLATION_TRACES)]
+    # one process per pod list (each run is independent and seeded): the figures do not depend on --jobs
+    with ProcessPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        results = list(pool.map(_inflation_run, runs))
+    for r in results:
+        print()
+        print(inflation.table(r))
+        for line in inflation_verdicts(r):
+            print(line)
+    print(f"\n{time.perf_counter() - t0:.1f}s wall clock" + (" (--quick: fewer seeds)" if args.quick else ""))
+    if args.plot:
+        inflation.plot(args.plot, results)
+    if args.json:
+        args.json.write_text(json.dumps([r.as_json() for r in results], indent=1) + "\n")
+    return 0
 
 
 if __name__ == "__main__":

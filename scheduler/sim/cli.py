@@ -8,20 +8,15 @@ from pathlib import Path
 
 from scheduler.errors import DomainError
 
+from . import inflation
 from .mapping import FRACTION_BASES, parse_model_map
 from .policies import POLICY_NAMES, factories
 from .report import plot, reasons_text, table, write_json
-from .run import DEFAULT_TRACE, DEFAULT_TRACE_DIR, HOST_CHOICES, SimConfig, payload, prepare, run_all
+from .run import (DEFAULT_TRACE, DEFAULT_TRACE_DIR, HOST_CHOICES, SimConfig, payload, policy_list, prepare, run_all,
+                  trace_path)
 from .variants import NodeVariant, PodVariant
 
 PROG = "python -m scheduler.sim"
-
-
-def _trace_path(value: str) -> Path:
-    p = Path(value)
-    if not p.exists() and (DEFAULT_TRACE_DIR / value).exists():
-        return DEFAULT_TRACE_DIR / value  # a bare file name means one of the openb files
-    return p
 
 
 def _variant(cls):
@@ -41,7 +36,7 @@ def _protect(value: str) -> float | None:
 def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=PROG, description=__doc__,
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--trace", type=_trace_path, default=DEFAULT_TRACE_DIR / DEFAULT_TRACE,
+    ap.add_argument("--trace", type=trace_path, default=DEFAULT_TRACE_DIR / DEFAULT_TRACE,
                     help="pod list CSV (a bare openb file name is looked up in the default trace folder)")
     ap.add_argument("--nodes", type=Path, default=None, help="node list CSV (default: the one beside --trace)")
     ap.add_argument("--pool", choices=("openb", "modern"), default="openb",
@@ -85,10 +80,31 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", type=Path, default=None, help="write the full results as JSON here")
     ap.add_argument("--plot", type=Path, default=None, help="write allocation and queue length over time (PNG)")
     ap.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    # --- issue 12 §1: the FGD paper's protocol (its own options: --protocol inflation --help) ---
+    ap.add_argument("--protocol", choices=PROTOCOLS, default="replay",
+                    help="replay: the trace's own times and runtimes (this page); inflation: the FGD paper's "
+                         "workload inflation on the whole openb cluster with fractional sharing (docs/simulator.md)")
     return ap
 
 
+PROTOCOLS = ("replay", "inflation")
+
+
+def _protocol(argv: list[str]) -> tuple[str, list[str]]:
+    """The --protocol value and the other arguments (each protocol has its own options)."""
+    for i, a in enumerate(argv):
+        if a == "--protocol" and i + 1 < len(argv):
+            return argv[i + 1], argv[:i] + argv[i + 2:]
+        if a.startswith("--protocol="):
+            return a.split("=", 1)[1], argv[:i] + argv[i + 1:]
+    return "replay", argv
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    protocol, rest = _protocol(argv)
+    if protocol == "inflation":
+        return inflation.main(rest)
     args = parser().parse_args(argv)
     try:
         return _run(args)
@@ -99,10 +115,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    names = [n.strip() for n in args.policies.split(",") if n.strip()]
-    unknown = [n for n in names if n not in POLICY_NAMES]
-    if unknown:
-        print(f"unknown policies: {', '.join(unknown)}; known: {', '.join(POLICY_NAMES)}", file=sys.stderr)
+    names, problem = policy_list(args.policies, POLICY_NAMES)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
     config = SimConfig(trace=args.trace, nodes=args.nodes, pool=args.pool, pool_scale=args.pool_scale,
                        model_map=parse_model_map(args.model_map), load=args.load, limit=args.limit,

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from scheduler.core.model import NodeState
 
@@ -185,3 +185,20 @@ def payload(prepared: Prepared, results: list[RunResult]) -> dict[str, Any]:
         "window_s": [prepared.window[0], prepared.window[1] if math.isfinite(prepared.window[1]) else None],
         "policies": [dict(summarise(r), allocation_bound=bound, series=series(r)) for r in results],
     }
+
+
+def trace_path(value: str) -> Path:
+    """A pod list path; a bare openb file name means one of the files in the default trace folder."""
+    p = Path(value)
+    if not p.exists() and (DEFAULT_TRACE_DIR / value).exists():
+        return DEFAULT_TRACE_DIR / value
+    return p
+
+
+def policy_list(text: str, known: Sequence[str]) -> tuple[list[str], str | None]:
+    """Comma-separated policy names -> (names, None), or ([], what is wrong) when one is not known."""
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        return [], f"unknown policies: {', '.join(unknown)}; known: {', '.join(known)}"
+    return names, None
