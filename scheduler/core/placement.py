@@ -22,7 +22,9 @@ if TYPE_CHECKING:
     from .engine import Pool
 
 MIG_KEEP_WEIGHT = 0.5  # cost, in shares of a GPU, of spending a whole MIG GPU that slices could have used
-WASTE_WEIGHT = 0.5  # cost per share of a GPU's memory handed out but not asked for
+# cost per share of a GPU's memory handed out but not asked for: 0 since issue 12 §2 round two (tuned on
+# scheduler/sim/generalise.py's TUNE_ON: 0.5 lost to 0 there, with NO_ACCESS off and the fit term on)
+WASTE_WEIGHT = 0.0
 
 Layout = tuple[tuple[str, int], ...]
 
