@@ -19,7 +19,6 @@ from .scorers import LatencyScorer, Scorer
 from .weights import DEFAULT_WEIGHTS, Weights
 
 _LATENCY = LatencyScorer()
-KIND_HEADS = 2  # whole-GPU requests: GPUs scored from the head of each kind's list beside the static walk
 
 
 class FastSearch:
@@ -155,22 +154,6 @@ class FastSearch:
                 s = self.value(opt, request, weights)
                 if self._better(s, opt, best):
                     best = (s, opt)
-        if request.gpu_count == 1 and request.wants_whole:
-            # the kind walk: a free GPU's packing cost for a whole request is its kind's (placement.whole_cost),
-            # which the static order ignores; the heads of every kind's lists are scored too (O(kinds))
-            for _, lst in lists:
-                for _, idx in lst[:KIND_HEADS]:
-                    if idx in seen:
-                        continue
-                    seen.add(idx)
-                    rec = pool.records[idx]
-                    opt = single_option(pool, rec.node, rec.gpu, request, idx=idx) \
-                        if self._passes(request, rec, cache) else None
-                    if opt is not None:
-                        considered += 1
-                        s = self.value(opt, request, weights)
-                        if self._better(s, opt, best):
-                            best = (s, opt)
         if request.gpu_count == 1 and not request.wants_whole and self.packing_candidates:
             # the packing walk: `packing_candidates` GPUs that pass the filters (GPUs the static walk already
             # scored count too), at most 4x as many offered
