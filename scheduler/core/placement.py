@@ -6,7 +6,8 @@
 - A whole-GPU request takes a GPU with no instances. Taking an empty MIG GPU whole costs the slice demand it
   could have served (`MIG_KEEP_WEIGHT` × the share of the demand mix that is not the full profile), so whole
   requests go to non-MIG GPUs first and MIG GPUs stay for slices.
-- A slice that is much larger than asked for (a whole L4 for 4 GB) costs the memory it wastes.
+- A slice that is much larger than asked for (a whole L4 for 4 GB) can cost the memory it wastes
+  (`WASTE_WEIGHT`, 0 by default since issue 12 §2 round two).
 - k GPUs on one node: the k free GPUs of that node with the lowest packing cost.
 """
 from __future__ import annotations
