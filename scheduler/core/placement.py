@@ -6,7 +6,8 @@
 - A whole-GPU request takes a GPU with no instances. Taking an empty MIG GPU whole costs the slice demand it
   could have served (`MIG_KEEP_WEIGHT` × the share of the demand mix that is not the full profile), so whole
   requests go to non-MIG GPUs first and MIG GPUs stay for slices.
-- A slice that is much larger than asked for (a whole L4 for 4 GB) costs the memory it wastes.
+- A slice that is much larger than asked for (a whole L4 for 4 GB) can cost the memory it wastes
+  (`WASTE_WEIGHT`, 0 by default since issue 12 §2 round two).
 - k GPUs on one node: the k free GPUs of that node with the lowest packing cost.
 """
 from __future__ import annotations
@@ -25,7 +26,9 @@ if TYPE_CHECKING:
     from .engine import Pool
 
 MIG_KEEP_WEIGHT = 0.5  # cost, in shares of a GPU, of spending a whole MIG GPU that slices could have used
-WASTE_WEIGHT = 0.5  # cost per share of a GPU's memory handed out but not asked for
+# cost per share of a GPU's memory handed out but not asked for: 0 since issue 12 §2 round two (tuned on
+# scheduler/sim/generalise.py's TUNE_ON: 0.5 lost to 0 there, with NO_ACCESS off and the fit term on)
+WASTE_WEIGHT = 0.0
 
 Layout = tuple[tuple[str, int], ...]
 

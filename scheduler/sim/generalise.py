@@ -91,7 +91,9 @@ def ours(*, packing: float = 1.0, gain: float | None = None) -> PolicyFactory:
 
 
 def fixed_and_adaptive(*, packing: float = FIXED_PACKING, gain: float = MIX_GAIN) -> dict[str, PolicyFactory]:
-    return {"best-fit": factory("best-fit"), "ours-fixed": ours(packing=packing), "ours-adaptive": ours(gain=gain)}
+    """best-fit, ours as the engine ships (default weights, the load rule only), and the two weightings."""
+    return {"best-fit": factory("best-fit"), "ours": ours(), "ours-fixed": ours(packing=packing),
+            "ours-adaptive": ours(gain=gain)}
 
 
 def run_case(case: Case, load: float, policies: dict[str, PolicyFactory], *, limit: int | None,

@@ -48,9 +48,9 @@ def test_the_loss_grows_with_each_shortfall():
 def test_a_case_runs_every_policy_beside_the_bound():
     case = G.Case("tiny", variant=PodVariant(share=0.7, seed=1), nodes_variant=NodeVariant(gpus=24, seed=1))
     run = G.run_case(case, 8.0, G.fixed_and_adaptive(), limit=400)
-    assert set(run["policies"]) == {"best-fit", "ours-fixed", "ours-adaptive"}
+    assert set(run["policies"]) == {"best-fit", "ours", "ours-fixed", "ours-adaptive"}
     assert run["gpus"] == 24
     for s in run["policies"].values():
         assert 0 < s["allocation"] <= run["bound"] + 1e-9
     lines = G.report_lines([run])
-    assert len(lines) == 2 + 3 and "tiny" in lines[2]
+    assert len(lines) == 2 + 4 and "tiny" in lines[2]
