@@ -59,31 +59,42 @@ class FastSearch:
         cost every GPU of the list shares (`list_cost`), its model and key (some may be empty now); then each
         list's offset in the static walk's estimate for packing share × 100 `wp` (latency term − wp × (cost +
         the lowest node term of a WHOLE list's GPUs)), that lowest node term, and (offset, position, list)
-        per list. Memoised per request shape until the pool creates a new index list (`avail_epoch`) or the
-        demand mix is refreshed (offsets per `wp`, which moves with load): the walk's fixed cost per decision
-        is then only its heap."""
+        per list. Memoised per request shape, and per shape and regions, until the pool creates a new index
+        list (`avail_epoch`) or the demand mix is refreshed (offsets per `wp`, which moves with load): the
+        walk's fixed cost per decision is then only its heap."""
         alive = self.alive_kinds(request)
         multi = request.gpu_count > 1
-        key = (alive, request.memory_gb, request.compute_slices, request.wants_whole, request.profile,
-               request.regions, request.buyer_region, request.mode == "spot", multi)
-        hit = self._lists_memo.get(key)
+        shape = (alive, request.memory_gb, request.compute_slices, request.wants_whole, request.profile,
+                 request.mode == "spot", multi)
+        key = shape + (request.regions, request.buyer_region)
+        memo = self._lists_memo
+        hit = memo.get(key)
         pool = self.pool
         stamp = (pool.avail_epoch, pool.mix.version, pool.node_term)
         if hit is None or hit[0] != stamp:
-            if len(self._lists_memo) > 4096:
-                self._lists_memo.clear()
-            hit = self._lists_memo[key] = [stamp, self._lists_of(request, alive), None, None, None, None]
+            if len(memo) > 4096:
+                memo.clear()
+            # two levels: the lists of a shape (any region), then the request's regions and latency terms
+            every = memo.get(shape)
+            if every is None or every[0] != stamp:
+                every = memo[shape] = (stamp, self._lists_of(request, alive))
+            regions, buyer, lat_term = request.regions, request.buyer_region, self._lat_term
+            hit = memo[key] = [stamp, [(lat_term(buyer, region), cost, lst, model, k)
+                                       for region, cost, lst, model, k in every[1]
+                                       if regions is None or region in regions], None, None, None, None]
         if hit[2] != wp:
             # a WHOLE list's GPUs also pay the node term, which depends on their node's free GPUs: the list
             # is ranked by the lowest node term any node can have (`_fast` puts each GPU back at its own)
             if hit[4] is None:
-                hit[4] = [0.0 if multi or key != WHOLE else self._node_term_lb(model) for *_, model, key in hit[1]]
+                hit[4] = [0.0 if multi or k != WHOLE else self._node_term_lb(model) for *_, model, k in hit[1]]
             hit[3] = [lat - wp * (cost + lb) for (lat, cost, *_), lb in zip(hit[1], hit[4])]
             hit[5] = [(off, n, lists[2]) for n, (off, lists) in enumerate(zip(hit[3], hit[1]))]
             hit[2] = wp
         return hit[1], hit[3], hit[4], hit[5]
 
-    def _lists_of(self, request: Request, alive) -> list[tuple[float, float, list[tuple[float, int]], str, str]]:
+    def _lists_of(self, request: Request, alive) -> list[tuple[str, float, list[tuple[float, int]], str, str]]:
+        """(region, packing cost, list, model, key) of every index list a request of this shape can use,
+        in any region."""
         pool = self.pool
         avail = pool.avail_spot if request.mode == "spot" else pool.avail  # the order the request is scored in
         out = []
@@ -99,9 +110,7 @@ class FastSearch:
                     keys.add(p.name)
             for key in keys:
                 cost = list_cost(pool, model, key, request)
-                for region, lst in avail.get((model, key), {}).items():
-                    if request.regions is None or region in request.regions:
-                        out.append((self._lat_term(request.buyer_region, region), cost, lst, model, key))
+                out.extend((region, cost, lst, model, key) for region, lst in avail.get((model, key), {}).items())
         return out
 
     def _fitting(self, model: str, g: mig.MigGeometry, request: Request) -> mig.MigProfile | None:
