@@ -54,24 +54,47 @@ class FastSearch:
                     best = (s, opt)
         return (best[1] if best else None), considered
 
-    def _lists(self, request: Request) -> list[tuple[float, float, list[tuple[float, int]], str, str]]:
+    def _lists(self, request: Request, wp: float) -> tuple[list, list[float], list[float], list[tuple]]:
         """Index lists that can hold a fitting GPU, each with the latency term of its region and the packing
-        cost every GPU of the list shares (`list_cost`), its model and key (some may be empty now). Memoised per request shape
-        until the pool creates a new index list (`avail_epoch`) or the demand mix is refreshed."""
+        cost every GPU of the list shares (`list_cost`), its model and key (some may be empty now); then each
+        list's offset in the static walk's estimate for packing share × 100 `wp` (latency term − wp × (cost +
+        the lowest node term of a WHOLE list's GPUs)), that lowest node term, and (offset, position, list)
+        per list. Memoised per request shape, and per shape and regions, until the pool creates a new index
+        list (`avail_epoch`) or the demand mix is refreshed (offsets per `wp`, which moves with load): the
+        walk's fixed cost per decision is then only its heap."""
         alive = self.alive_kinds(request)
-        key = (alive, request.memory_gb, request.compute_slices, request.wants_whole, request.profile,
-               request.regions, request.buyer_region, request.mode == "spot")
-        hit = self._lists_memo.get(key)
-        stamp = (self.pool.avail_epoch, self.pool.mix.version)
-        if hit is not None and hit[0] == stamp:
-            return hit[1]
-        out = self._lists_of(request, alive)
-        if len(self._lists_memo) > 4096:
-            self._lists_memo.clear()
-        self._lists_memo[key] = (stamp, out)
-        return out
+        multi = request.gpu_count > 1
+        shape = (alive, request.memory_gb, request.compute_slices, request.wants_whole, request.profile,
+                 request.mode == "spot", multi)
+        key = shape + (request.regions, request.buyer_region)
+        memo = self._lists_memo
+        hit = memo.get(key)
+        pool = self.pool
+        stamp = (pool.avail_epoch, pool.mix.version, pool.node_term)
+        if hit is None or hit[0] != stamp:
+            if len(memo) > 4096:
+                memo.clear()
+            # two levels: the lists of a shape (any region), then the request's regions and latency terms
+            every = memo.get(shape)
+            if every is None or every[0] != stamp:
+                every = memo[shape] = (stamp, self._lists_of(request, alive))
+            regions, buyer, lat_term = request.regions, request.buyer_region, self._lat_term
+            hit = memo[key] = [stamp, [(lat_term(buyer, region), cost, lst, model, k)
+                                       for region, cost, lst, model, k in every[1]
+                                       if regions is None or region in regions], None, None, None, None]
+        if hit[2] != wp:
+            # a WHOLE list's GPUs also pay the node term, which depends on their node's free GPUs: the list
+            # is ranked by the lowest node term any node can have (`_fast` puts each GPU back at its own)
+            if hit[4] is None:
+                hit[4] = [0.0 if multi or k != WHOLE else self._node_term_lb(model) for *_, model, k in hit[1]]
+            hit[3] = [lat - wp * (cost + lb) for (lat, cost, *_), lb in zip(hit[1], hit[4])]
+            hit[5] = [(off, n, lists[2]) for n, (off, lists) in enumerate(zip(hit[3], hit[1]))]
+            hit[2] = wp
+        return hit[1], hit[3], hit[4], hit[5]
 
-    def _lists_of(self, request: Request, alive) -> list[tuple[float, float, list[tuple[float, int]], str, str]]:
+    def _lists_of(self, request: Request, alive) -> list[tuple[str, float, list[tuple[float, int]], str, str]]:
+        """(region, packing cost, list, model, key) of every index list a request of this shape can use,
+        in any region."""
         pool = self.pool
         avail = pool.avail_spot if request.mode == "spot" else pool.avail  # the order the request is scored in
         out = []
@@ -87,9 +110,7 @@ class FastSearch:
                     keys.add(p.name)
             for key in keys:
                 cost = list_cost(pool, model, key, request)
-                for region, lst in avail.get((model, key), {}).items():
-                    if request.regions is None or region in request.regions:
-                        out.append((self._lat_term(request.buyer_region, region), cost, lst, model, key))
+                out.extend((region, cost, lst, model, key) for region, lst in avail.get((model, key), {}).items())
         return out
 
     def _fitting(self, model: str, g: mig.MigGeometry, request: Request) -> mig.MigProfile | None:
@@ -115,17 +136,14 @@ class FastSearch:
                 # few enough: check them all, exactly (any order: ties go to the lower pool index)
                 return self._nodes(request, weights, [n for c, ids in pool.nodes_by_free.items() if c >= k
                                                       for n in ids])
-        lists = self._lists(request)
         # list entries are (-static key, pool index); the heap pops the highest static key + latency term −
         # packing share × the list's packing cost first
         wp = 100.0 * next((share for sc, share in self._cur_shares if sc.name == "packing"), 0.3)
+        lists, offsets, nt_lbs, firsts = self._lists(request, wp)
         multi = request.gpu_count > 1
-        # a WHOLE list's GPUs also pay the node term, which depends on their node's free GPUs: the list is
-        # ranked by the lowest node term any node can have, and each GPU is put back at its own when it
-        # comes out (`_node_term_lb`), so the walk still takes GPUs in estimate order
-        nt_lbs = [0.0 if multi or key != WHOLE else self._node_term_lb(model) for _, _, _, model, key in lists]
-        offsets = [lat - wp * (cost + nt_lbs[n]) for n, (lat, cost, *_) in enumerate(lists)]
-        heap: list[tuple] = [(-(offsets[n] - lst[0][0]), n, 0) for n, (_, _, lst, *_) in enumerate(lists) if lst]
+        # a WHOLE list is ranked by the lowest node term any node can have, and each GPU is put back at its
+        # own when it comes out (`_node_term_lb`), so the walk still takes GPUs in estimate order
+        heap: list[tuple] = [(lst[0][0] - off, n, 0) for off, n, lst in firsts if lst]
         heapq.heapify(heap)
         cache: dict = {}
         seen: set[int] = set()
@@ -144,7 +162,7 @@ class FastSearch:
                 idx = item[3]
             else:
                 if pos + 1 < len(lst):
-                    heapq.heappush(heap, (-(offsets[n] - lst[pos + 1][0]), n, pos + 1))
+                    heapq.heappush(heap, (lst[pos + 1][0] - offsets[n], n, pos + 1))
                 idx = lst[pos][1]
                 if nt_lbs[n]:
                     rec = pool.records[idx]
@@ -252,6 +270,7 @@ class FastSearch:
                                 all_heads.get((model, p.name), {}), top))
                 model_of[n] = model
         heapq.heapify(pending)
+        push, pop = heapq.heappush, heapq.heappop
         pos = {}  # kind n -> position of its next bucket in `ranked`
         # (−estimate, pool index (−1 − a count for a bucket), position in list (−1 for a bucket, −2 for a GPU
         #  put back at its own node term), wp × cost [− latency term for a region list], list or bucket,
@@ -260,27 +279,30 @@ class FastSearch:
         opened = 0
         while True:
             while pending and (not heap or pending[0][0] <= heap[0][0]):
-                _, n, cost, waste, ranked, buckets, heads, top = heapq.heappop(pending)
+                _, n, cost, waste, ranked, buckets, heads, top = pop(pending)
                 i = pos.get(n, 0)
+                n_ranked = len(ranked)
+                head_of = heads.get
                 # this kind's buckets in cost order, for as long as they could beat the best item waiting
                 while True:
                     layout = ranked[i][1]
-                    head = heads.get(layout)
+                    head = head_of(layout)
                     if head is not None:
                         opened += 1
-                        heapq.heappush(heap, (wp * cost + head - lat_top, -opened, -1, wp * cost, buckets[layout],
-                                              wp * self._node_term_lb(model_of[n]) if not layout else 0.0))
+                        wc = wp * cost
+                        push(heap, (wc + head - lat_top, -opened, -1, wc, buckets[layout],
+                                    wp * self._node_term_lb(model_of[n]) if not layout else 0.0))
                     i += 1
-                    if i == len(ranked):
+                    if i == n_ranked:
                         break
                     cost = ranked[i][0] + waste
                     if heap and wp * cost - top > heap[0][0]:
-                        heapq.heappush(pending, (wp * cost - top, n, cost, waste, ranked, buckets, heads, top))
+                        push(pending, (wp * cost - top, n, cost, waste, ranked, buckets, heads, top))
                         break
                 pos[n] = i
             if not heap:
                 return
-            est, idx, j, c, lst, nt = heapq.heappop(heap)
+            est, idx, j, c, lst, nt = pop(heap)
             if j == -1:  # a bucket: its region lists (the one with the best head is popped next)
                 for region, rl in lst.items():  # type: ignore[attr-defined]
                     lat = lats.get(region)
@@ -288,18 +310,18 @@ class FastSearch:
                         if request.regions is not None and region not in request.regions:
                             continue
                         lat = lats[region] = self._lat_term(request.buyer_region, region)
-                    heapq.heappush(heap, (c + rl[0][0] - lat, rl[0][1], 0, c - lat, rl, nt))
+                    push(heap, (c + rl[0][0] - lat, rl[0][1], 0, c - lat, rl, nt))
                 continue
             if j >= 0:
                 # for a region list, `c` holds wp × cost − latency term: the estimate's part shared by its entries
                 if j + 1 < len(lst):  # type: ignore[arg-type]
                     nxt = lst[j + 1]  # type: ignore[index]
-                    heapq.heappush(heap, (c + nxt[0], nxt[1], j + 1, c, lst, nt))
+                    push(heap, (c + nxt[0], nxt[1], j + 1, c, lst, nt))
                 if nt:  # the empty bucket, ranked at the lowest node term: back in at the GPU's own
                     rec = pool.records[idx]
                     extra = wp * _node_term(pool, rec.node, rec.gpu, 1) - nt
                     if extra > 0:
-                        heapq.heappush(heap, (est + extra, idx, -2, 0.0, None, 0.0))
+                        push(heap, (est + extra, idx, -2, 0.0, None, 0.0))
                         continue
             yield idx
 

@@ -68,13 +68,13 @@ class FilterChecks:
         mkey = (gpu.model, gpu.geometry is None)
         ok = cache.get(mkey)
         if ok is None:
-            ok = cache[mkey] = all(f.check(request, node, gpu, pool) is None for f in split[0])
+            ok = cache[mkey] = _all_pass(split[0], request, node, gpu, pool)
         if not ok:
             return False
         nkey = node.id
         ok = cache.get(nkey)
         if ok is None:
-            ok = cache[nkey] = all(f.check(request, node, gpu, pool) is None for f in split[1])
+            ok = cache[nkey] = _all_pass(split[1], request, node, gpu, pool)
         if not ok:
             return False
         for f in split[2]:
@@ -136,3 +136,11 @@ class FilterChecks:
             else:
                 counts[reason] += len(recs)
         return frozenset(alive)  # type: ignore[return-value]
+
+
+def _all_pass(filters: tuple[Filter, ...], request: Request, node: NodeState, gpu: GpuState, pool: Pool) -> bool:
+    """No filter of `filters` refuses `gpu` (a plain loop: `all(...)` over a generator costs more here)."""
+    for f in filters:
+        if f.check(request, node, gpu, pool) is not None:
+            return False
+    return True
