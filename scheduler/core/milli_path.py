@@ -1,10 +1,11 @@
 """The search for fractional requests (`Request.gpu_milli`), and for every request on GPUs not in MIG mode in a
 pool given a workload (`Pool.use_workload`): a mixin of `Scheduler` (engine.py).
 
-Candidates come from the pool's free-milli buckets (`Pool.milli_candidates`: only GPUs with the share free,
-never a scan of the pool), grouped by node; each node's GPUs that pass the filters make one option
-(placement.milli_option: FGD's Δfrag of the node), scored by the same scorers as every other option; the best
-wins, ties to the lower pool index. Fast and exhaustive modes search alike here: the buckets hold exactly
+Candidates come from the pool's index of node states by free-milli bucket (`Pool.milli_node_states`: only
+nodes with the share free, never a scan of the pool). Nodes in one state (the same GPUs' milli free, CPU and
+memory left, and node fields the filters and scorers read) score alike, so the first of each in pool order
+stands for it; its GPUs that pass the filters make one option (placement.milli_option: FGD's Δfrag of the
+node), scored by the same scorers as every other option; the best wins, ties to the lower pool index. Fast and exhaustive modes search alike here: the buckets hold exactly
 the GPUs that fit.
 """
 from __future__ import annotations
@@ -34,21 +35,22 @@ class MilliSearch:
         pool = self.pool
         m = request.gpu_milli or MILLI
         k = 1 if request.gpu_milli else request.gpu_count
-        by_node: dict[str, list] = {}
-        for rec in pool.milli_candidates(m):
-            by_node.setdefault(rec.node.id, []).append(rec)
         cache: dict = {}
         best: tuple[float, Option] | None = None
         considered = 0
-        for recs in by_node.values():
-            if len(recs) < k:
-                continue
-            passed = [(r.idx, r.gpu) for r in recs if self._passes(request, r, cache)]  # type: ignore[attr-defined]
-            opt = milli_option(pool, recs[0].node, passed, request) if len(passed) >= k else None
-            if opt is None:
-                continue
-            considered += len(passed)
-            s = self.value(opt, request, weights)  # type: ignore[attr-defined]
-            if self._better(s, opt, best):  # type: ignore[attr-defined]
-                best = (s, opt)
+        for _state, members in pool.milli_node_states(m, k):
+            # every node of a state passes the same filters and scores alike: the first (pool order) decides
+            # for all, unless its own GPUs' filters differ (then the next is tried)
+            order = sorted(members, key=members.__getitem__) if len(members) > 1 else list(members)
+            for node_id in order:
+                recs = [r for r in pool.by_node[node_id] if pool.milli_free(r.gpu) >= m]
+                passed = [(r.idx, r.gpu) for r in recs if self._passes(request, r, cache)]  # type: ignore[attr-defined]
+                opt = milli_option(pool, recs[0].node, passed, request) if len(passed) >= k else None
+                if opt is None:
+                    continue
+                considered += len(passed)
+                s = self.value(opt, request, weights)  # type: ignore[attr-defined]
+                if self._better(s, opt, best):  # type: ignore[attr-defined]
+                    best = (s, opt)
+                break
         return (best[1] if best else None), considered

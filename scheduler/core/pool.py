@@ -158,6 +158,10 @@ class Pool:
         self._milli_bucket: dict[int, int] = {}  # pool index -> its bucket
         self.milli_frag: FragTable | None = None  # FGD's measure with the workload (use_workload); None: best fit
         self.host_held: dict[str, tuple[int, int]] = {}  # node -> CPU, memory held by work on no GPU (hold_host)
+        # nodes by fractional state: the most milli free on one GPU (bucket) -> state -> nodes (pool order of
+        # their first GPU). Nodes in one state pass the same filters and score the same (`milli_state`)
+        self.milli_states: dict[int, dict[tuple, dict[str, int]]] = defaultdict(dict)
+        self._node_mstate: dict[str, tuple[int, tuple]] = {}
         for node in nodes:
             if copy:
                 node = deepcopy(node)
@@ -556,6 +560,39 @@ class Pool:
             held = self.host_held.get(node.id, (0, 0))
             node.cpu_used = held[0] + sum(i.cpu_milli for i in insts)
             node.memory_used = held[1] + sum(i.memory_mib for i in insts)
+        self._refresh_mstate(node)
+
+    def _refresh_mstate(self, node: NodeState) -> None:
+        """File the node under its fractional state: its non-MIG GPUs (model, milli free, health, reliability),
+        what the filters read of it (`node_class`, price, CPU and memory), and what the scorers read."""
+        recs = self.by_node.get(node.id)
+        if not recs:
+            return
+        gpus = tuple(sorted((r.gpu.model, self.milli_free(r.gpu) if r.schedulable else 0, r.gpu.health,
+                             r.gpu.reliability or -1.0) for r in recs if r.gpu.geometry is None))
+        state = (gpus, node_class(node), node.price_per_gpu_hour, node.reliability, node.interruption_rate,
+                 node.cpu_milli, node.cpu_used, node.memory_mib, node.memory_used)
+        bucket = max((g[1] for g in gpus), default=0) // 100
+        old = self._node_mstate.get(node.id)
+        if old == (bucket, state):
+            return
+        if old is not None:
+            members = self.milli_states[old[0]][old[1]]
+            del members[node.id]
+            if not members:
+                del self.milli_states[old[0]][old[1]]
+        if any(g[1] > 0 for g in gpus):
+            self.milli_states[bucket].setdefault(state, {})[node.id] = recs[0].idx
+            self._node_mstate[node.id] = (bucket, state)
+        else:
+            self._node_mstate.pop(node.id, None)
+
+    def milli_node_states(self, milli: int, k: int) -> Iterator[tuple[tuple, dict[str, int]]]:
+        """(state, its nodes -> first pool index) for node states with k GPUs of `milli` free or more."""
+        for b in range(min(milli, MILLI) // 100, MILLI // 100 + 1):
+            for state, members in self.milli_states.get(b, {}).items():
+                if sum(1 for g in state[0] if g[1] >= milli) >= k:
+                    yield state, members
 
     def hold_host(self, node_id: str, cpu_milli: int, memory_mib: int) -> None:
         """Hold CPU and memory on a node for work that uses no GPU (a simulator's CPU-only pods); raises
@@ -568,6 +605,7 @@ class Pool:
         self.host_held[node_id] = (cpu + cpu_milli, mem + memory_mib)
         node.cpu_used += cpu_milli
         node.memory_used += memory_mib
+        self._refresh_mstate(node)
 
     def milli_candidates(self, milli: int) -> Iterator[GpuRecord]:
         """Schedulable non-MIG GPUs with at least `milli` free, from the buckets that can hold it."""
