@@ -9,11 +9,18 @@ entry is anything with `shape` ((GPUs, milli per GPU, allowed models)), `cpu_mil
 from __future__ import annotations
 
 import bisect
+import math
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 MILLI = 1000  # one whole GPU in milli-GPU
+
+
+def sigmoid_score(decrease: float) -> int:
+    """The FGD artifact's score: an integer 0..100 of the fragmentation decrease in milli (50 = no change; a point
+    is about 40 milli near zero), so near-equal options tie."""
+    return int(100.0 / (1.0 + math.exp(-decrease / 1000.0)))
 
 
 class WorkloadMix:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Sequence
 from nodeagent.hardware.mig import MigGeometry
 
 from .fragmentation import NO_ACCESS, node_delta
-from .milli_frag import MILLI
+from .milli_frag import MILLI, sigmoid_score
 from .model import GpuState, NodeState, Placement, Request
 from .pool import FIXED, WHOLE
 from .pricing import slice_share
@@ -195,6 +195,10 @@ def multi_option(pool: "Pool", node: NodeState, gpus: Sequence[tuple[int, GpuSta
 # Δfrag of a fractional option is in milli-GPU; the packing cost counts it in shares of this many GPUs, so the
 # packing curve's ±0.5 clamp (scorers.PACKING_NEUTRAL) is never reached on nodes of up to 8 GPUs
 MILLI_PACK_GPUS = 16
+# With a workload, Δfrag is counted in FGD's integer points (milli_frag.sigmoid_score, about this many milli a
+# point): options within a point tie, and milli_path spreads ties over nodes. Measured, not derived: on the
+# openb lists the exact Δ, ties to the lowest index, allocates about 0.5 point less (docs/simulator.md)
+MILLI_POINT = 40.0
 _NO_LIMIT = 1 << 62
 
 
@@ -247,9 +251,10 @@ def milli_option(pool: "Pool", node: NodeState, gpus: Sequence[tuple[int, GpuSta
                     best = (d, r)
             assert best is not None
             chosen = [best[1]]
-            cost = best[0] / (MILLI * MILLI_PACK_GPUS)
+            d = best[0]
         else:
-            cost = delta(chosen) / (MILLI * MILLI_PACK_GPUS)
+            d = delta(chosen)
+        cost = (50 - sigmoid_score(-d)) * MILLI_POINT / (MILLI * MILLI_PACK_GPUS)
     price = k * pool.price_per_hour(base_per_gpu_hour=node.price_per_gpu_hour, share=m / MILLI,
                                     mode=request.price_mode, model=model)
     pu = k * pool.pu(model, None) * m / MILLI

@@ -5,7 +5,8 @@ A GPU pod becomes an engine `Request` (a share: `gpu_milli`; several GPUs: `gpu_
 `cpu_milli` and `memory_mib`; a pinned pod: `models`), decided by `Scheduler.place` with the default filters,
 scorers and weights; the pool scores packing by FGD's fragmentation with the pod list's workload
 (`Pool.use_workload`). The engine sells GPUs, so a pod that asks no GPU (13% of each openb list) is put by
-this adapter on the node whose fragmentation grows least (FGD's rule, the same measure; ties: the first node)
+this adapter on the node whose fragmentation grows least (FGD's rule and integer points, the same measure;
+ties spread by a hash of the pod's number and the node, as the engine's)
 and held on the pool with `Pool.hold_host`. Every placement is mirrored on the protocol's `FractionalCluster`,
 which keeps the allocation the protocol records and refuses anything over capacity a second time.
 
@@ -16,11 +17,14 @@ the engine decides on here is packing, which is what the protocol measures.
 """
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 
 from nodeagent.hardware.gpus import GPU_MODELS
 from scheduler.core.engine import Pool, Scheduler
 from scheduler.core.fractional import FracPod, FractionalCluster, WorkloadMix
+from scheduler.core.milli_frag import sigmoid_score
 from scheduler.core.model import GpuState, NodeState, Request
 
 # openb model -> catalog key used as its label (MIG off everywhere); distinct so pinned pods keep their model
@@ -96,10 +100,12 @@ class EnginePolicy:
             if d is None:
                 model, gpus, cpu, mem = c.states[sid]
                 label = self.labels[model]
-                d = memo[int(sid)] = (frag(label, gpus, cpu - pod.cpu_milli, mem - pod.memory_mib)
-                                      - frag(label, gpus, cpu, mem))
+                d = memo[int(sid)] = sigmoid_score(frag(label, gpus, cpu, mem)
+                                                   - frag(label, gpus, cpu - pod.cpu_milli, mem - pod.memory_mib))
             deltas[j] = d
-        i = int(feas[int(np.argmin(deltas))])  # the first of the least
+        self.count += 1
+        best = feas[deltas == deltas.max()]
+        i = int(min(best, key=lambda n: zlib.crc32(f"c{self.count}:{n}".encode())))
         self.pool.hold_host(c.nodes[i].id, pod.cpu_milli, pod.memory_mib)
         c.allocate(i, pod, [])
         return True
