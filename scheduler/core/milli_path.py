@@ -3,9 +3,9 @@ pool given a workload (`Pool.use_workload`): a mixin of `Scheduler` (engine.py).
 
 Candidates come from the pool's index of node states by free-milli bucket (`Pool.milli_node_states`: only
 nodes with the share free, never a scan of the pool). Nodes in one state (the same GPUs' milli free, CPU and
-memory left, and node fields the filters and scorers read) score alike, so the first of each in pool order
-stands for it; its GPUs that pass the filters make one option (placement.milli_option: FGD's Δfrag of the
-node), scored by the same scorers as every other option; the best wins. Ties go to `spread` (a hash of the
+memory left, and node fields the filters and scorers read) score alike, so one of each (a rotation of pool
+order by the lease) stands for it; its GPUs that pass the filters make one option (placement.milli_option:
+FGD's Δfrag of the node), scored by the same scorers as every other option; the best wins. Ties go to `spread` (a hash of the
 lease and node), not the lower pool index: with FGD's integer points many nodes tie, and taking the first
 each time packs one end of the pool, which loses about half a point of allocation on the openb lists. Fast and exhaustive modes search alike here: the buckets hold exactly
 the GPUs that fit.
@@ -45,7 +45,11 @@ class MilliSearch:
         for _state, members in pool.milli_node_states(m, k):
             # every node of a state passes the same filters and scores alike: the first (pool order) decides
             # for all, unless its own GPUs' filters differ (then the next is tried)
-            order = sorted(members, key=members.__getitem__) if len(members) > 1 else list(members)
+            order = list(members)
+            if len(order) > 1:  # which of a state's nodes stands for it: spread too, from a rotation of pool order
+                order.sort(key=members.__getitem__)
+                r = zlib.crc32(str(request.lease_id).encode()) % len(order)
+                order = order[r:] + order[:r]
             for node_id in order:
                 recs = [r for r in pool.by_node[node_id] if pool.milli_free(r.gpu) >= m]
                 passed = [(r.idx, r.gpu) for r in recs if self._passes(request, r, cache)]  # type: ignore[attr-defined]

@@ -183,3 +183,16 @@ def test_engine_never_overcommits_a_gpu_or_a_node(seq, mode, workload):
                 assert 0 <= nd.cpu_used <= nd.cpu_milli and 0 <= nd.memory_used <= nd.memory_mib
             want = sum(i.cpu_milli for g in nd.gpus for i in g.instances)
             assert nd.cpu_used == want
+
+
+def test_ties_spread_over_identical_nodes_and_each_decision_is_repeatable():
+    mix = WorkloadMix([FracPod(cpu_milli=0, memory_mib=0, num_gpu=1, gpu_milli=500)])
+    pool = Pool([node(i, 1) for i in range(12)])
+    pool.use_workload(mix)
+    s = Scheduler(pool)
+    firsts = {s.decide(Request(gpu_milli=500, lease_id=f"l{i}")).placements[0].node_id for i in range(12)}
+    assert len(firsts) > 1  # first-index ties would put every first share on n0
+    again = {s.decide(Request(gpu_milli=500, lease_id="l3")).placements[0].node_id for _ in range(3)}
+    assert len(again) == 1
+    ex = Scheduler(pool, mode="exhaustive").decide(Request(gpu_milli=500, lease_id="l3"))
+    assert ex.placements == s.decide(Request(gpu_milli=500, lease_id="l3")).placements

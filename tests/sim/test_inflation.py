@@ -186,3 +186,19 @@ def test_the_bench_says_whether_each_claim_holds_and_by_how_much_it_misses():
     assert "fgd at 100% arrived 95.10 vs paper 95.2 (claim: within 1 point): HOLDS" in lines
     assert "ours 95.30 vs fgd 95.10 at 100% arrived (claim: ours >= fgd): HOLDS" in lines
     assert "ours 95.10 vs fgd 95.20 at 110% arrived (claim: ours >= fgd): MISSES by 0.10 points" in lines
+
+
+def test_ours_is_the_engine_and_holds_cpu_only_pods_on_its_pool():
+    from scheduler.sim.engine_policy import EnginePolicy
+
+    assert INFLATION_POLICIES["ours"] is EnginePolicy
+    cluster = FractionalCluster(nodes((1, 2000, 8192), (1, 8000, 8192)))
+    cpu_only = FracPod(cpu_milli=1500, memory_mib=1024)
+    ours = EnginePolicy(cluster, mix=WorkloadMix([HALF, cpu_only]), seed=0)
+    assert ours.place(cpu_only)
+    held = {n.id: n.cpu_used for n in ours.pool.nodes.values()}
+    assert sorted(held.values()) == [0, 1500]
+    assert list(cluster.cpu_left) == [2000 - held["n0"], 8000 - held["n1"]]  # mirrored on the protocol's cluster
+    assert ours.place(HALF) and ours.place(HALF)
+    assert cluster.allocated_milli == 1000
+    assert sum(n.cpu_used for n in ours.pool.nodes.values()) == 3500
