@@ -40,6 +40,16 @@ class WorkloadMix:
                         sorted(counts.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1], kv[0][3], kv[0][4],
                                                                sorted(kv[0][2] or ())))]
 
+    def access_share(self, model: str) -> float:
+        """The share of the workload's GPU pods that may run on `model` (not pinned away from it)."""
+        memo = self.__dict__.setdefault("_access", {})
+        v = memo.get(model)
+        if v is None:
+            gpu = [e for e in self.entries if e[0]]
+            total = sum(e[-1] for e in gpu)
+            v = memo[model] = (sum(e[-1] for e in gpu if e[2] is None or model in e[2]) / total) if total else 1.0
+        return v
+
     def relabelled(self, rename) -> "WorkloadMix":
         """The same mix with each pinned entry's models renamed by `rename` (model -> name)."""
         out = WorkloadMix.__new__(WorkloadMix)
