@@ -196,3 +196,15 @@ def test_ties_spread_over_identical_nodes_and_each_decision_is_repeatable():
     assert len(again) == 1
     ex = Scheduler(pool, mode="exhaustive").decide(Request(gpu_milli=500, lease_id="l3"))
     assert ex.placements == s.decide(Request(gpu_milli=500, lease_id="l3")).placements
+
+
+def test_ties_go_first_to_the_model_more_of_the_workload_may_use():
+    # 49 unpinned 500-milli pods and 1 pinned to t4: on the l40s node a share removes 10 milli of the pinned pod's
+    # no-access fragment (50 points), on the t4 node nothing (50 points): a tie, whatever the lease hashes to.
+    half = FracPod(cpu_milli=0, memory_mib=0, num_gpu=1, gpu_milli=500)
+    pinned = FracPod(cpu_milli=0, memory_mib=0, num_gpu=1, gpu_milli=500, models=frozenset({"t4"}))
+    pool = Pool([node(0, 1, model="l40s"), node(1, 1, model="t4")])
+    pool.use_workload(WorkloadMix([half] * 49 + [pinned]))
+    pool.set_node("n0", price_per_gpu_hour=2.0 * pool.pu("l40s", None) / pool.pu("t4", None))  # equal price per PU
+    s = Scheduler(pool)
+    assert {s.decide(Request(gpu_milli=500, lease_id=f"l{i}")).placements[0].node_id for i in range(12)} == {"n1"}
