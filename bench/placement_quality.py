@@ -186,7 +186,8 @@ def inflation_verdicts(r: "inflation.ProtocolResult") -> list[str]:
 
 
 def _inflation_run(run: tuple[Path, tuple[int, ...]]) -> "inflation.ProtocolResult":
-    return inflation.run_protocol(run[0], seeds=run[1])
+    # ours is the engine (scheduler/sim/engine_policy.py); round one's policy-level ours is shown beside it
+    return inflation.run_protocol(run[0], seeds=run[1], policies=(*inflation.PAPER_ORDER, "ours-policy"))
 
 
 def inflation_bench(args) -> int:

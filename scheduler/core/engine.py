@@ -19,6 +19,10 @@ Both are complete: a request that fits somewhere is never reported unschedulable
 chooses differently, its choice scored lower under the same scorers; bench/decision_speed.py measures how
 often and by how much.
 
+Fractional shares (`Request.gpu_milli`) of GPUs not in MIG mode, and every request on such GPUs in a pool
+given a workload, are searched by milli_path.py (free-milli buckets, FGD's Δfrag); host CPU and memory are
+checked by the `HostResources` filter wherever nodes model them.
+
 This module holds `Scheduler` (deciding, placing, scoring); its parts live beside it as mixins:
 filtering.py (filter checks, alive kinds), fast_path.py (the candidate walks), exhaustive.py (the
 reference) and reasons.py (refusal counting). `Pool` and `CapacityError` are re-exported from pool.py.
@@ -34,6 +38,7 @@ from .exhaustive import ExhaustiveSearch
 from .fast_path import FastSearch
 from .filtering import FilterChecks
 from .filters import DEFAULT_FILTERS, Filter
+from .milli_path import MilliSearch
 from .model import Decision, Placement, Request
 from .placement import Option, multi_option, single_option
 from .pool import CapacityError, Pool
@@ -44,7 +49,7 @@ from .weights import DEFAULT_WEIGHTS, Weights, weights_for
 __all__ = ["Pool", "Scheduler", "CapacityError"]
 
 
-class Scheduler(FastSearch, ExhaustiveSearch, ReasonCounting, FilterChecks):
+class Scheduler(MilliSearch, FastSearch, ExhaustiveSearch, ReasonCounting, FilterChecks):
     """Decides where requests go on one `Pool`. Filters, scorers and weights are plugins/data."""
 
     def __init__(self, pool: Pool, *, weights: Weights | None = None,
@@ -117,6 +122,11 @@ class Scheduler(FastSearch, ExhaustiveSearch, ReasonCounting, FilterChecks):
             self._alive_memo = self._filters_memo = None
 
     def _decide(self, request: Request, weights: Weights, allow_preemption: bool, explain: bool) -> Decision:
+        if self._milli_applies(request):  # fractional sharing (milli_path.py); spot shares are not preempted
+            best, considered = self._milli(request, weights)
+            if best is not None:
+                return self._decision(best, request, weights, considered)
+            return Decision(ok=False, reasons=self.reasons(request) if explain else {}, considered=considered)
         if self.mode == "exhaustive":
             best, considered = self._exhaustive(request, weights)
         else:
@@ -206,6 +216,11 @@ def _invalid(request: Request) -> str | None:
         return "gpu_count must be at least 1"
     if request.memory_gb < 0 or request.compute_slices < 0:
         return "memory and compute must be >= 0"
+    if request.gpu_milli and not (0 < request.gpu_milli < 1000 and request.gpu_count == 1 and not request.whole_gpu
+                                  and request.profile is None):
+        return "a GPU share is 1 to 999 milli of one GPU"
+    if request.cpu_milli < 0 or request.memory_mib < 0:
+        return "CPU and memory must be >= 0"
     if request.mode not in ("reserved", "on_demand", "spot"):
         return f"unknown class {request.mode!r}"
     return None

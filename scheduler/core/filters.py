@@ -47,6 +47,8 @@ class PoolView(Protocol):
     def has_legal_start(self, gpu: GpuState, profile: str) -> bool: ...
     def is_free(self, gpu: GpuState) -> bool: ...
     def free_gpu_count(self, node: NodeState, request: Request) -> int: ...
+    def milli_free(self, gpu: GpuState) -> int: ...
+    def host_fits(self, node: NodeState, request: Request) -> str | None: ...
 
 
 class Filter:
@@ -203,12 +205,27 @@ class PriceCap(Filter):
         return None
 
 
+class HostResources(Filter):
+    """The node has the host CPU and memory the request asks left (nodes that do not model them pass)."""
+
+    name, scope, node_fields = "host", "node", None  # reads CPU and memory in use: no reason buckets
+
+    def active(self, request):
+        return bool(request.cpu_milli or request.memory_mib)
+
+    def check(self, request, node, gpu, view):
+        return view.host_fits(node, request)
+
+
 class Capacity(Filter):
-    """A legal MIG placement exists now, or the GPU is free when a whole GPU is needed."""
+    """A legal MIG placement exists now, or the GPU is free when a whole GPU is needed, or it has the milli
+    share asked for left."""
 
     name, scope, node_fields = "capacity", "gpu", ()
 
     def check(self, request, node, gpu, view):
+        if request.gpu_milli:
+            return None if view.milli_free(gpu) >= request.gpu_milli else "not enough of the GPU left to share"
         profile, _ = view.slice_for(gpu, request)
         if profile is None:
             return None if view.is_free(gpu) else "GPU busy"
@@ -241,6 +258,6 @@ class GpusOnOneNode(Filter):
 # What the model offers first (the biggest, cheapest-to-count groups), then the node, then the GPU itself.
 DEFAULT_FILTERS: tuple[Filter, ...] = (
     ModelAllowed(), ComputeCapability(), MemoryPerSlice(),
-    NodeOnline(), RegionAllowed(), CudaVersion(), RunsImage(),
+    NodeOnline(), RegionAllowed(), CudaVersion(), RunsImage(), HostResources(),
     GpuHealthy(), PriceCap(), Capacity(), GpusOnOneNode(),
 )

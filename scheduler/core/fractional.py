@@ -7,21 +7,24 @@ CPU or memory than it has. A pod that names GPU models (`models`) only fits thos
 
 `FractionalCluster` is the state (numpy arrays: one row per node, one column per GPU slot, -1 where a node has
 fewer GPUs), with the one filter every policy shares (`feasible`) and the one writer (`allocate`), which
-refuses anything over capacity. `WorkloadMix` and `node_frag` are FGD's fragmentation measure (Weng et al.,
+refuses anything over capacity. `WorkloadMix` and `node_frag` (milli_frag.py, shared with the engine's
+placement) are FGD's fragmentation measure (Weng et al.,
 USENIX ATC '23, §4) on this model: the expected GPU milli of a node that a pod drawn from the workload cannot
 use. The MIG measure of the same idea is fragmentation.py; here capacity is milli per GPU instead of memory
 slices, and the node's free whole GPUs are in the same sum (a k-GPU pod needs k GPUs with its milli free).
 """
 from __future__ import annotations
 
-import bisect
-from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-MILLI = 1000  # one whole GPU in milli-GPU
+from .milli_frag import MILLI, FragTable, WorkloadMix, after_exclusive, after_share, node_frag
+
+__all__ = ["MILLI", "FracNode", "FracPod", "FractionalCluster", "FragTable", "WorkloadMix", "after_exclusive",
+           "after_share", "node_frag"]
+
 
 
 @dataclass(frozen=True)
@@ -156,87 +159,3 @@ class FractionalCluster:
 
     def allocation_ratio(self) -> float:
         return self.allocated_milli / self.capacity_milli
-
-
-class WorkloadMix:
-    """FGD's target workload: each pod shape (GPUs, milli, models, CPU and memory asked) with its share.
-
-    The paper's artifact keys a typical pod by its CPU too (`PodResource`, no memory): a node whose CPU is gone
-    cannot run the pod, so its free GPU milli is fragment to it. `with_cpu=False` leaves CPU out. Memory is
-    kept per shape; whether the measure checks it is the `FragTable`'s choice."""
-
-    def __init__(self, pods: Iterable[FracPod], *, with_cpu: bool = True) -> None:
-        counts = Counter(p.shape + ((p.cpu_milli if with_cpu else 0), p.memory_mib) for p in pods)
-        total = sum(counts.values())
-        if not total:
-            raise ValueError("the workload has no pods")
-        # (num_gpu, milli, models, CPU milli, memory MiB, probability), most frequent first (ties: a fixed order)
-        self.entries = [(k, m, models, cpu, mem, n / total) for (k, m, models, cpu, mem), n in
-                        sorted(counts.items(), key=lambda kv: (-kv[1], kv[0][0], kv[0][1], kv[0][3], kv[0][4],
-                                                               sorted(kv[0][2] or ())))]
-
-
-def node_frag(model: str, gpus: Sequence[int], mix: WorkloadMix, cpu_left: int | None = None,
-              mem_left: int | None = None) -> float:
-    """Expected GPU milli of a node (its GPUs' milli left: `gpus`; its CPU left) that a pod drawn from `mix`
-    cannot use.
-
-    Per FGD: a pod that asks no GPU, may not run on `model`, lacks CPU, or finds fewer than k GPUs with its
-    milli left sees all the node's free milli as fragment; a pod that fits sees as fragment the GPUs with
-    less than its milli left. `cpu_left` / `mem_left` None: not checked."""
-    total = sum(gpus)
-    if not total:
-        return 0.0
-    out = 0.0
-    for k, m, models, cpu, mem, p in mix.entries:
-        if (not k or (models is not None and model not in models) or (cpu_left is not None and cpu_left < cpu)
-                or (mem_left is not None and mem_left < mem)):
-            out += p * total
-            continue
-        fit = 0
-        short = 0
-        for v in gpus:
-            if v >= m:
-                fit += 1
-            else:
-                short += v
-        out += p * (short if fit >= k else total)
-    return out
-
-
-class FragTable:
-    """`node_frag` memoised per (model, sorted GPU milli left, CPU class, memory class): node states repeat a
-    lot. A class is how many of the mix's asks the CPU (memory) left covers, all the measure reads of it.
-    `memory=False` (the paper's measure) does not check memory."""
-
-    def __init__(self, mix: WorkloadMix, *, memory: bool = False) -> None:
-        self.mix = mix
-        self.memory = memory
-        self._cpus = sorted({e[3] for e in mix.entries})
-        self._mems = sorted({e[4] for e in mix.entries}) if memory else []
-        self._memo: dict[tuple[str, tuple[int, ...], int, int], float] = {}
-
-    def __call__(self, model: str, gpus: tuple[int, ...], cpu_left: int, mem_left: int) -> float:
-        key = (model, gpus, bisect.bisect_right(self._cpus, cpu_left), bisect.bisect_right(self._mems, mem_left))
-        v = self._memo.get(key)
-        if v is None:
-            v = self._memo[key] = node_frag(model, gpus, self.mix, cpu_left, mem_left if self.memory else None)
-        return v
-
-
-def after_share(gpus: tuple[int, ...], j: int, milli: int) -> tuple[int, ...]:
-    """`gpus` (sorted) with `milli` taken from its j-th entry, sorted again."""
-    out = list(gpus)
-    out[j] -= milli
-    return tuple(sorted(out))
-
-
-def after_exclusive(gpus: tuple[int, ...], k: int, milli: int) -> tuple[int, ...] | None:
-    """`gpus` (sorted) after a k-GPU pod takes `milli` from the k tightest GPUs that hold it (FGD's Sub)."""
-    out = list(gpus)
-    left = k
-    for j, v in enumerate(out):
-        if left and v >= milli:
-            out[j] = v - milli
-            left -= 1
-    return tuple(sorted(out)) if not left else None

@@ -29,6 +29,9 @@ class PlacedInstance:
     lease_id: str | None = None
     priority: PriorityClass = "on_demand"
     remaining_value: float = 0.0  # money still to be earned from it; preemption removes the cheapest first
+    milli: int = 0  # a fractional share of a GPU not in MIG mode, in milli-GPU (1..999); 0: not fractional
+    cpu_milli: int = 0  # host CPU (milli-cores) and memory (MiB) its lease holds on the node (counted once per
+    memory_mib: int = 0  # lease: on its first GPU)
 
     def as_mig(self) -> Instance:
         assert self.profile is not None, "a whole-GPU allocation has no MIG instance"
@@ -58,6 +61,10 @@ class NodeState:
     gpus: list[GpuState] = field(default_factory=list)
     runs_containers: bool = True  # its agent runs workloads (a container runtime)
     image_allowlist: tuple[str, ...] = ()  # image reference prefixes its provider allows; empty: any
+    cpu_milli: int | None = None  # host CPU capacity in milli-cores; None: not modelled (never refuses)
+    memory_mib: int | None = None  # host memory capacity in MiB; None: not modelled
+    cpu_used: int = 0  # what placed leases hold (kept by the pool from its instances)
+    memory_used: int = 0
 
 
 @dataclass
@@ -88,6 +95,9 @@ class Request:
     profile: str | None = None  # this MIG profile exactly (on MIG GPUs that have it), instead of the smallest fit
     short_notice: bool = False
     image: str | None = None  # the container image it runs: the node must run containers and allow it
+    gpu_milli: int = 0  # 1..999: a fractional share of one GPU not in MIG mode (time-sliced); 0: not fractional
+    cpu_milli: int = 0  # host CPU (milli-cores) and memory (MiB) on the node; checked where the node models them
+    memory_mib: int = 0
 
     @property
     def wants_whole(self) -> bool:
@@ -105,6 +115,7 @@ class Placement:
     gpu_uuid: str
     profile: str | None  # None = the whole GPU
     start: int
+    milli: int = 0  # a fractional share of the GPU in milli-GPU; 0: a MIG instance or the whole GPU
 
 
 @dataclass
@@ -121,7 +132,8 @@ class Decision:
     def explain(self) -> str:
         """One line a buyer can read: why it was placed, or why nothing fitted."""
         if self.ok:
-            where = ", ".join(f"{p.gpu_uuid}:{p.profile or 'whole'}@{p.start}" for p in self.placements)
+            where = ", ".join(f"{p.gpu_uuid}:{p.profile or (f'{p.milli}m' if p.milli else 'whole')}@{p.start}"
+                              for p in self.placements)
             parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(self.breakdown.items(), key=lambda kv: -kv[1]))
             pre = f"; preempts {len(self.preempt)} spot" if self.preempt else ""
             return f"placed on {where} (score {self.score:.1f}: {parts}){pre}"

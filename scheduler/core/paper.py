@@ -38,6 +38,7 @@ from .fractional import (
     after_share,
 )
 from .fragmentation import node_delta
+from .milli_frag import sigmoid_score
 
 MAX_SPEC_CPU = 128_000  # milli-CPU of the largest openb node: the artifact's normalisation constant
 MAX_SPEC_GPU = 8 * MILLI
@@ -188,11 +189,6 @@ class PackingPolicy(PaperPolicy):
         else:
             used = np.full(len(feas), max(50 - pod.num_gpu, 33))
         return np.where(n_free == c.gpu_count[feas], idle_node, used)
-
-
-def sigmoid_score(decrease: float) -> int:
-    """The artifact's FGD score: an integer 0..100 of the fragmentation decrease in milli (50 = no change)."""
-    return int(100.0 / (1.0 + math.exp(-decrease / 1000.0)))
 
 
 class FgdPolicy(PaperPolicy):

@@ -9,6 +9,9 @@
 - A slice that is much larger than asked for (a whole L4 for 4 GB) can cost the memory it wastes
   (`WASTE_WEIGHT`, 0 by default since issue 12 §2 round two).
 - k GPUs on one node: the k free GPUs of that node with the lowest packing cost.
+- A fractional share (`Request.gpu_milli`) of a GPU not in MIG mode, and in a pool given a workload
+  (`Pool.use_workload`) any request on such GPUs: the GPU(s) of the node whose FGD fragmentation
+  (milli_frag.node_frag, with the node's CPU and memory left) grows least (`milli_option`).
 """
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from typing import TYPE_CHECKING, Sequence
 from nodeagent.hardware.mig import MigGeometry
 
 from .fragmentation import NO_ACCESS, node_delta
+from .milli_frag import MILLI, sigmoid_score
 from .model import GpuState, NodeState, Placement, Request
 from .pool import FIXED, WHOLE
 from .pricing import slice_share
@@ -46,9 +50,10 @@ class Option:
     pu: float
     idx: int = 0  # pool order of the first GPU: the deterministic tie-break
     preempt: list[str] = field(default_factory=list)
+    milli: int = 0  # a fractional share per GPU (milli-GPU); 0: a MIG instance or whole GPUs
 
     def placements(self) -> list[Placement]:
-        return [Placement(self.node.id, g.uuid, self.profile, self.start) for g in self.gpus]
+        return [Placement(self.node.id, g.uuid, self.profile, self.start, self.milli) for g in self.gpus]
 
 
 def _waste(pool: "Pool", gpu: GpuState, request: Request, slice_memory_gb: float) -> float:
@@ -188,3 +193,73 @@ def multi_option(pool: "Pool", node: NodeState, gpus: Sequence[tuple[int, GpuSta
     return Option(node, [o.gpus[0] for o in chosen], None, 0,
                   sum(o.pack_cost for o in chosen) / k + node_cost, sum(o.price_per_hour for o in chosen),
                   sum(o.pu for o in chosen), min(o.idx for o in chosen))
+
+
+# Δfrag of a fractional option is in milli-GPU; the packing cost counts it in shares of this many GPUs, so the
+# packing curve's ±0.5 clamp (scorers.PACKING_NEUTRAL) is never reached on nodes of up to 8 GPUs
+MILLI_PACK_GPUS = 16
+# With a workload, Δfrag is counted in FGD's integer points (milli_frag.sigmoid_score, about this many milli a
+# point): options within a point tie, and milli_path spreads ties over nodes. Measured, not derived: on the
+# openb lists the exact Δ, ties to the lowest index, allocates about 0.5 point less (docs/simulator.md)
+MILLI_POINT = 40.0
+_NO_LIMIT = 1 << 62
+
+
+def milli_option(pool: "Pool", node: NodeState, gpus: Sequence[tuple[int, GpuState]], request: Request
+                 ) -> Option | None:
+    """A fractional share (k = 1) or k whole GPUs on `node`, out of `gpus` ((pool index, GPU) pairs not in MIG
+    mode that passed the filters and have the milli free). The packing cost is FGD's Δfrag of the node (its GPUs
+    of that model, its CPU and memory left) when the pool has a workload, else the milli the GPU keeps free
+    (best fit); ties go to the lower pool index."""
+    m = request.gpu_milli or MILLI
+    k = 1 if request.gpu_milli else request.gpu_count
+    if len(gpus) < k:
+        return None
+    model = gpus[0][1].model
+    own = [pool.record(g.uuid) for _, g in gpus if g.model == model]
+    if len(own) < k:
+        return None
+    frag = pool.milli_frag
+    if k > 1:
+        chosen = sorted(own, key=lambda r: r.idx)[:k]
+    elif frag is None:
+        chosen = [min(own, key=lambda r: (pool.milli_free(r.gpu), r.idx))]
+    else:
+        chosen = None
+    if frag is None:
+        cost = sum(pool.milli_free(r.gpu) - m for r in chosen) / (MILLI * MILLI_PACK_GPUS)
+    else:
+        cpu = _NO_LIMIT if node.cpu_milli is None else node.cpu_milli - node.cpu_used
+        mem = _NO_LIMIT if node.memory_mib is None else node.memory_mib - node.memory_used
+        frees = {r.idx: pool.milli_free(r.gpu) for r in pool.by_node[node.id]
+                 if r.gpu.model == model and r.gpu.geometry is None and r.schedulable}
+        before = frag(model, tuple(sorted(frees.values())), cpu, mem)
+        cpu_after, mem_after = cpu - request.cpu_milli, mem - request.memory_mib
+
+        def delta(picked: Sequence) -> float:
+            after = dict(frees)
+            for r in picked:
+                after[r.idx] -= m
+            return frag(model, tuple(sorted(after.values())), cpu_after, mem_after) - before
+
+        if chosen is None:
+            tried: dict[int, float] = {}  # GPUs with the same milli free leave the node in the same state
+            best = None
+            for r in sorted(own, key=lambda r: r.idx):
+                f = frees.get(r.idx, pool.milli_free(r.gpu))
+                d = tried.get(f)
+                if d is None:
+                    d = tried[f] = delta([r])
+                if best is None or d < best[0]:
+                    best = (d, r)
+            assert best is not None
+            chosen = [best[1]]
+            d = best[0]
+        else:
+            d = delta(chosen)
+        cost = (50 - sigmoid_score(-d)) * MILLI_POINT / (MILLI * MILLI_PACK_GPUS)
+    price = k * pool.price_per_hour(base_per_gpu_hour=node.price_per_gpu_hour, share=m / MILLI,
+                                    mode=request.price_mode, model=model)
+    pu = k * pool.pu(model, None) * m / MILLI
+    return Option(node, [r.gpu for r in chosen], None, 0, cost, price, pu, min(r.idx for r in chosen),
+                  milli=m if request.gpu_milli else 0)

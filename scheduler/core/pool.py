@@ -22,6 +22,11 @@ Indexes, all maintained per GPU on every change (allocate, release, health, node
   cheapest spot lease (a lower bound on the value any removal there costs), and nodes by how many of their
   GPUs are free or hold only spot (`nodes_by_pfree`, and per the node's model in `nodes_by_kind_pfree`),
   for k-GPU preemption.
+- fractional shares (GPUs not in MIG mode shared by milli, model.Request.gpu_milli): `milli_index[bucket]` =
+  schedulable non-MIG GPUs with free milli in [100·bucket, 100·bucket + 99] (bucket 10: wholly free), so a
+  request for m milli visits buckets m // 100 and up, never the whole pool; `milli_frag` (set by
+  `use_workload`) is FGD's measure placement.milli_option scores with; node CPU and memory in use are kept
+  on `NodeState.cpu_used` / `memory_used` from the instances' `cpu_milli` / `memory_mib`.
 Also `max_key` and `max_skey` (upper bounds on every static and spot key), `avail_epoch` (bumps when an `avail` list is created:
 the scheduler memoises which lists serve a request shape) and `option_memo()` (placement.single_option's
 per-layout costs, for one demand-mix version).
@@ -42,6 +47,7 @@ from nodeagent.hardware import mig
 
 from . import perf
 from .fragmentation import DemandMix, FragCache
+from .milli_frag import MILLI, FragTable, WorkloadMix
 from nodeagent.hardware.gpus import GPU_MODELS, GpuModelSpec
 from .model import Decision, GpuState, NodeState, PlacedInstance, Request
 from .pricing import DEFAULT_RULES, PriceRules
@@ -148,6 +154,14 @@ class Pool:
         self._pu_cache: dict[tuple[str, str | None], float] = {}
         self._opt_memo: dict[tuple, tuple | None] = {}
         self._opt_stamp: tuple | None = None
+        self.milli_index: dict[int, dict[int, None]] = defaultdict(dict)  # free-milli bucket -> pool indexes
+        self._milli_bucket: dict[int, int] = {}  # pool index -> its bucket
+        self.milli_frag: FragTable | None = None  # FGD's measure with the workload (use_workload); None: best fit
+        self.host_held: dict[str, tuple[int, int]] = {}  # node -> CPU, memory held by work on no GPU (hold_host)
+        # nodes by fractional state: the most milli free on one GPU (bucket) -> state -> nodes (pool order of
+        # their first GPU). Nodes in one state pass the same filters and score the same (`milli_state`)
+        self.milli_states: dict[int, dict[tuple, dict[str, int]]] = defaultdict(dict)
+        self._node_mstate: dict[str, tuple[int, tuple]] = {}
         for node in nodes:
             if copy:
                 node = deepcopy(node)
@@ -182,11 +196,14 @@ class Pool:
     def slice_for(self, gpu: GpuState, request: Request) -> tuple[str | None, str | None]:
         """(MIG profile or None for a whole GPU, None or the reason this GPU cannot offer the slice)."""
         whole = request.wants_whole
-        key = (gpu.model, gpu.geometry is None, request.memory_gb, request.compute_slices, whole, request.profile)
+        key = (gpu.model, gpu.geometry is None, request.memory_gb, request.compute_slices, whole, request.profile,
+               request.gpu_milli > 0)
         hit = self._slice_cache.get(key)
         if hit is None:
             spec = GPU_MODELS[gpu.model]
-            if request.profile is not None and not whole:
+            if request.gpu_milli and gpu.geometry is not None:
+                hit = (None, "MIG mode on (no milli shares)")
+            elif request.profile is not None and not whole:
                 ok = gpu.geometry is not None and gpu.geometry.has_profile(request.profile)
                 hit = (request.profile, None) if ok else (None, f"no {request.profile} slice")
             elif whole or gpu.geometry is None:
@@ -213,6 +230,29 @@ class Pool:
 
     def is_free(self, gpu: GpuState) -> bool:
         return not gpu.instances
+
+    def milli_free(self, gpu: GpuState) -> int:
+        """Milli-GPU left for fractional shares: 0 on a MIG GPU or one held whole, else 1000 less the shares."""
+        if gpu.geometry is not None:
+            return 0
+        used = 0
+        for i in gpu.instances:
+            if not i.milli:
+                return 0
+            used += i.milli
+        return MILLI - used
+
+    def host_fits(self, node: NodeState, request: Request) -> str | None:
+        """None when the node has the CPU and memory `request` asks left (or does not model them), else why not."""
+        if node.cpu_milli is not None and node.cpu_milli - node.cpu_used < request.cpu_milli:
+            return "not enough CPU on node"
+        if node.memory_mib is not None and node.memory_mib - node.memory_used < request.memory_mib:
+            return "not enough memory on node"
+        return None
+
+    def use_workload(self, mix: WorkloadMix | None, *, memory: bool = True) -> None:
+        """Score fractional placements by FGD's fragmentation with this workload (None: best fit)."""
+        self.milli_frag = None if mix is None else FragTable(mix, memory=memory)
 
     def layout(self, gpu: GpuState) -> tuple[tuple[str, int], ...]:
         return self._by_uuid[gpu.uuid].layout
@@ -293,20 +333,25 @@ class Pool:
         for u, lease in removed:
             self.release(u, lease)
         try:
-            self._check(decision)
+            self._check(decision, request)
         except CapacityError:
             for u, insts in saved.items():  # undo the preemption: the decision is refused whole
                 self._by_uuid[u].gpu.instances[:] = insts
                 self._refresh(self._by_uuid[u])
             raise
-        for p in decision.placements:
+        for n, p in enumerate(decision.placements):
             rec = self._by_uuid[p.gpu_uuid]
+            host = (request.cpu_milli, request.memory_mib) if n == 0 else (0, 0)  # the node's share, once
             rec.gpu.instances.append(PlacedInstance(p.profile, p.start, request.lease_id, request.mode,
-                                                    request.remaining_value))
+                                                    request.remaining_value, p.milli, *host))
             self._refresh(rec)
 
-    def _check(self, decision: Decision) -> None:
+    def _check(self, decision: Decision, request: Request | None = None) -> None:
         seen: set[str] = set()
+        first = self._by_uuid.get(decision.placements[0].gpu_uuid) if decision.placements else None
+        why = self.host_fits(first.node, request) if request is not None and first is not None else None
+        if why:
+            raise CapacityError(why)
         for p in decision.placements:
             rec = self._by_uuid.get(p.gpu_uuid)
             if rec is None:
@@ -317,6 +362,10 @@ class Pool:
             g = rec.gpu
             if g.health == "cordoned" or not rec.node.online:
                 raise CapacityError(f"GPU {g.uuid} is not schedulable")
+            if p.milli:
+                if not 0 < p.milli < MILLI or self.milli_free(g) < p.milli:
+                    raise CapacityError(f"GPU {g.uuid} has not {p.milli} milli left")
+                continue
             if p.profile is None:
                 if g.instances:
                     raise CapacityError(f"GPU {g.uuid} is not free")
@@ -391,7 +440,7 @@ class Pool:
         rec.free_whole = rec.schedulable and not g.instances
         if whole_used:
             avail: frozenset[str] = frozenset()
-            rec.free_frac = 0.0
+            rec.free_frac = self.milli_free(g) / MILLI  # shares leave the rest of the GPU free; whole: 0
         elif g.geometry is None:
             avail = frozenset() if g.instances else frozenset((FIXED,))
             rec.free_frac = 0.0 if g.instances else 1.0
@@ -493,6 +542,78 @@ class Pool:
             self.spot_gpus.add(rec.idx)
         else:
             self.spot_gpus.discard(rec.idx)
+        self._refresh_milli(rec)
+
+    def _refresh_milli(self, rec: GpuRecord) -> None:
+        """The GPU's fractional bucket, and its node's CPU and memory in use."""
+        free = self.milli_free(rec.gpu) if rec.schedulable else 0
+        old = self._milli_bucket.pop(rec.idx, None)
+        if old is not None:
+            del self.milli_index[old][rec.idx]
+        if free > 0:
+            b = free // 100
+            self.milli_index[b][rec.idx] = None
+            self._milli_bucket[rec.idx] = b
+        node = rec.node
+        if node.cpu_milli is not None or node.memory_mib is not None:
+            insts = [i for r in self.by_node[node.id] for i in r.gpu.instances]
+            held = self.host_held.get(node.id, (0, 0))
+            node.cpu_used = held[0] + sum(i.cpu_milli for i in insts)
+            node.memory_used = held[1] + sum(i.memory_mib for i in insts)
+        self._refresh_mstate(node)
+
+    def _refresh_mstate(self, node: NodeState) -> None:
+        """File the node under its fractional state: its non-MIG GPUs (model, milli free, health, reliability),
+        what the filters read of it (`node_class`, price, CPU and memory), and what the scorers read."""
+        recs = self.by_node.get(node.id)
+        if not recs:
+            return
+        gpus = tuple(sorted((r.gpu.model, self.milli_free(r.gpu) if r.schedulable else 0, r.gpu.health,
+                             r.gpu.reliability or -1.0) for r in recs if r.gpu.geometry is None))
+        state = (gpus, node_class(node), node.price_per_gpu_hour, node.reliability, node.interruption_rate,
+                 node.cpu_milli, node.cpu_used, node.memory_mib, node.memory_used)
+        bucket = max((g[1] for g in gpus), default=0) // 100
+        old = self._node_mstate.get(node.id)
+        if old == (bucket, state):
+            return
+        if old is not None:
+            members = self.milli_states[old[0]][old[1]]
+            del members[node.id]
+            if not members:
+                del self.milli_states[old[0]][old[1]]
+        if any(g[1] > 0 for g in gpus):
+            self.milli_states[bucket].setdefault(state, {})[node.id] = recs[0].idx
+            self._node_mstate[node.id] = (bucket, state)
+        else:
+            self._node_mstate.pop(node.id, None)
+
+    def milli_node_states(self, milli: int, k: int) -> Iterator[tuple[tuple, dict[str, int]]]:
+        """(state, its nodes -> first pool index) for node states with k GPUs of `milli` free or more."""
+        for b in range(min(milli, MILLI) // 100, MILLI // 100 + 1):
+            for state, members in self.milli_states.get(b, {}).items():
+                if sum(1 for g in state[0] if g[1] >= milli) >= k:
+                    yield state, members
+
+    def hold_host(self, node_id: str, cpu_milli: int, memory_mib: int) -> None:
+        """Hold CPU and memory on a node for work that uses no GPU (a simulator's CPU-only pods); raises
+        CapacityError, changing nothing, where the node has not that much left."""
+        node = self.nodes[node_id]
+        why = self.host_fits(node, Request(cpu_milli=cpu_milli, memory_mib=memory_mib))
+        if why:
+            raise CapacityError(f"node {node_id}: {why}")
+        cpu, mem = self.host_held.get(node_id, (0, 0))
+        self.host_held[node_id] = (cpu + cpu_milli, mem + memory_mib)
+        node.cpu_used += cpu_milli
+        node.memory_used += memory_mib
+        self._refresh_mstate(node)
+
+    def milli_candidates(self, milli: int) -> Iterator[GpuRecord]:
+        """Schedulable non-MIG GPUs with at least `milli` free, from the buckets that can hold it."""
+        for b in range(min(milli, MILLI) // 100, MILLI // 100 + 1):
+            for idx in self.milli_index.get(b, ()):
+                rec = self.records[idx]
+                if b > milli // 100 or self.milli_free(rec.gpu) >= milli:
+                    yield rec
 
     def _refresh_free_node(self, node_id: str) -> None:
         """Move the node to the free-node bucket of its class and its free GPUs' sigs."""

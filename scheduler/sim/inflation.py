@@ -5,10 +5,11 @@ list with replacement (seeded) arrive one after another, none leaves, until the 
 reaches `--inflation` (130%) of the cluster's GPU capacity. After each pod the GPU allocation ratio (milli
 allocated ÷ capacity) is recorded against the arrived workload (milli arrived ÷ capacity); a pod that fits
 nowhere is dropped. Curves are averaged over seeds on a grid of 1% of arrived workload. Sharing is
-fractional (scheduler.core.fractional); the policies are scheduler.core.paper's.
+fractional (scheduler.core.fractional); the baselines are scheduler.core.paper's, ours is the engine
+(engine_policy.py).
 
     .venv/bin/python -m scheduler.sim --protocol inflation [--trace FILE] [--seeds 42-51]
-        [--policies fgd,best-fit,ours] [--plot curves.png] [--json out.json]
+        [--policies fgd,best-fit,ours,ours-policy] [--plot curves.png] [--json out.json]
 """
 from __future__ import annotations
 
@@ -29,7 +30,9 @@ from scheduler.core.fractional import (
     FractionalCluster,
     WorkloadMix,
 )
-from scheduler.core.paper import POLICIES
+from scheduler.core.paper import POLICIES as PAPER_POLICIES
+
+from .engine_policy import EnginePolicy
 
 from .run import DEFAULT_TRACE, policy_list, trace_path
 
@@ -42,6 +45,9 @@ REPORT_AT = (1.0, 1.1)
 PAPER_AT_100 = {"fgd": 95.2, "best-fit": 92.9, "packing": 91.8, "clustering": 91.7, "dot-product": 90.6,
                 "random": 86.3}
 PAPER_ORDER = ("random", "dot-product", "clustering", "packing", "best-fit", "fgd", "ours")
+# the paper's baselines on FractionalCluster (scheduler.core.paper; round one's policy-level "ours" kept as
+# "ours-policy" for comparison), and ours: the engine itself (engine_policy.py)
+POLICIES = {**{("ours-policy" if k == "ours" else k): v for k, v in PAPER_POLICIES.items()}, "ours": EnginePolicy}
 
 
 def read_nodes(path: Path) -> list[FracNode]:
@@ -253,7 +259,7 @@ def parser() -> argparse.ArgumentParser:
                          f"folder; default {DEFAULT_TRACE})")
     ap.add_argument("--nodes", type=Path, default=None, help=f"node list CSV (default: {NODE_LIST} beside --trace)")
     ap.add_argument("--seeds", type=parse_seeds, default=DEFAULT_SEEDS, help="default 42-51, as the paper")
-    ap.add_argument("--policies", default=",".join(PAPER_ORDER), help=f"comma-separated, from {', '.join(PAPER_ORDER)}")
+    ap.add_argument("--policies", default=",".join(PAPER_ORDER), help=f"comma-separated, from {', '.join((*PAPER_ORDER, 'ours-policy'))}")
     ap.add_argument("--inflation", type=float, default=INFLATION,
                     help="stop when arrived GPU milli reaches this × capacity")
     ap.add_argument("--plot", type=Path, default=None, help="write allocation vs arrived per policy (PNG)")
@@ -264,7 +270,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    names, problem = policy_list(args.policies, PAPER_ORDER)
+    names, problem = policy_list(args.policies, (*PAPER_ORDER, "ours-policy"))
     if problem:
         print(problem, file=sys.stderr)
         return 2

@@ -9,9 +9,10 @@ import pytest
 from scheduler.core.fractional import FracNode, FracPod, FractionalCluster, WorkloadMix
 from scheduler.core.paper import POLICIES
 from scheduler.sim import cli
+from scheduler.sim.inflation import POLICIES as INFLATION_POLICIES
 from scheduler.sim.inflation import Curve, ProtocolResult, inflate, parse_seeds, replay, run_one
 
-EVERY_POLICY = sorted(POLICIES)
+EVERY_POLICY = sorted(INFLATION_POLICIES)  # the paper's baselines, round one's "ours-policy", ours = the engine
 
 
 def nodes(*spec: tuple[int, int, int]) -> list[FracNode]:
@@ -56,7 +57,8 @@ TWO_NODES = nodes((2, 64000, 262144), (1, 64000, 262144))
     # FGD (mix: the four shapes, 1/4 each): 600 on n1 raises its fragmentation by 50 milli, on n0 by 550
     # (the 2-GPU pod can no longer run there) -> n1; then as best-fit
     ("fgd", [600, 1000, 2000, 2000], 1),
-    ("ours", [600, 1000, 2000, 2000], 1),
+    ("ours", [600, 1000, 2000, 2000], 1),  # the engine: the same Δfrag (continuous, not an integer score)
+    ("ours-policy", [600, 1000, 2000, 2000], 1),
     # packing: 600 goes to an idle node (both score 33 - free GPUs: n1 32 > n0 31) -> n1; 400 onto n1's used
     # GPU (case 1, 100 - 40/10 = 96); 1000 -> n0; the 2-GPU pod is dropped
     ("packing", [600, 1000, 2000, 2000], 1),
@@ -75,7 +77,7 @@ def test_the_small_pod_goes_where_the_multi_gpu_pod_could_never_run():
     # n1 too (less CPU left). Both keep n0 whole, and the 2-GPU pod lands there.
     cluster = [FracNode("n0", "A", 2, 16000, 65536), FracNode("n1", "A", 2, 4000, 65536)]
     arrivals = [FracPod(1000, 1024, 1, 300), FracPod(8000, 1024, 2, 1000)]
-    for policy in ("best-fit", "fgd", "ours"):
+    for policy in ("best-fit", "fgd", "ours", "ours-policy"):
         curve = replay(cluster, arrivals, WorkloadMix(arrivals), policy, seed=1)
         assert curve.allocated == pytest.approx([300 / 4000, 2300 / 4000]), policy
 
@@ -184,3 +186,19 @@ def test_the_bench_says_whether_each_claim_holds_and_by_how_much_it_misses():
     assert "fgd at 100% arrived 95.10 vs paper 95.2 (claim: within 1 point): HOLDS" in lines
     assert "ours 95.30 vs fgd 95.10 at 100% arrived (claim: ours >= fgd): HOLDS" in lines
     assert "ours 95.10 vs fgd 95.20 at 110% arrived (claim: ours >= fgd): MISSES by 0.10 points" in lines
+
+
+def test_ours_is_the_engine_and_holds_cpu_only_pods_on_its_pool():
+    from scheduler.sim.engine_policy import EnginePolicy
+
+    assert INFLATION_POLICIES["ours"] is EnginePolicy
+    cluster = FractionalCluster(nodes((1, 2000, 8192), (1, 8000, 8192)))
+    cpu_only = FracPod(cpu_milli=1500, memory_mib=1024)
+    ours = EnginePolicy(cluster, mix=WorkloadMix([HALF, cpu_only]), seed=0)
+    assert ours.place(cpu_only)
+    held = {n.id: n.cpu_used for n in ours.pool.nodes.values()}
+    assert sorted(held.values()) == [0, 1500]
+    assert list(cluster.cpu_left) == [2000 - held["n0"], 8000 - held["n1"]]  # mirrored on the protocol's cluster
+    assert ours.place(HALF) and ours.place(HALF)
+    assert cluster.allocated_milli == 1000
+    assert sum(n.cpu_used for n in ours.pool.nodes.values()) == 3500
