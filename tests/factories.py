@@ -46,3 +46,12 @@ def node_with_token(*, provider=None, name: str | None = None, region: str = "eu
         make_provider(provider)
     return node_services.node_register(provider=provider, name=name or f"node-{factory.Faker._get_faker().uuid4()[:8]}",
                                        region=region)
+
+
+def client_for(user):
+    """A DRF test client signed in as `user` (no key, so every scope)."""
+    from rest_framework.test import APIClient
+
+    c = APIClient()
+    c.force_authenticate(user)
+    return c

@@ -8,7 +8,6 @@ from decimal import Decimal
 import pytest
 from django.core import mail
 from django.utils import timezone
-from rest_framework.test import APIClient
 
 from marketplace import events, notifications
 from marketplace.lifecycle import budgets, leases
@@ -16,7 +15,7 @@ from marketplace.models import BudgetNotice, Lease, Order, Project, Reservation
 from marketplace.money import statements
 from marketplace.products import orders, projects, resale
 from marketplace.products.orders import OrderSpec
-from tests.factories import UserFactory
+from tests.factories import UserFactory, client_for
 from tests.marketplace.marketsim import Fleet, top_up
 
 pytestmark = pytest.mark.django_db
@@ -39,11 +38,6 @@ def on_demand(buyer, project, **kw) -> Order:
     return orders.order_place(buyer=buyer, spec=OrderSpec(mode="on_demand", gpu_models=["l4"], project_id=project.pk,
                                                           **kw))
 
-
-def client_for(user) -> APIClient:
-    c = APIClient()
-    c.force_authenticate(user)
-    return c
 
 
 def test_month_to_date_spend_is_what_the_projects_statement_totals(fleet):

@@ -10,7 +10,6 @@ from decimal import Decimal as D
 
 import pytest
 from django.db.models import Sum
-from rest_framework.test import APIClient
 
 from marketplace.models import LedgerEntry, LedgerTransaction, Order, Reservation
 from marketplace.money import movements
@@ -19,7 +18,7 @@ from marketplace.products import orders, payouts, resale
 from marketplace.products.orders import OrderSpec
 from marketplace.products.projects import project_create
 from scheduler.models import Node
-from tests.factories import UserFactory
+from tests.factories import UserFactory, client_for
 from tests.marketplace.marketsim import Fleet, top_up
 from tests.marketplace.payoutfix import dated, provider_user
 from tests.marketplace.test_statements import at, run_lease
@@ -28,11 +27,6 @@ pytestmark = pytest.mark.django_db
 
 OCTOBER = at("2026-10-20T12:00")
 
-
-def client_for(user) -> APIClient:
-    c = APIClient()
-    c.force_authenticate(user)
-    return c
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from marketplace.models import Lease, LedgerTransaction, Order, ResaleListing, R
 from marketplace.money.check import ledger_check
 from marketplace.products import spot
 from scheduler.models import Node
-from tests.factories import UserFactory
+from tests.factories import UserFactory, client_for
 from tests.marketplace.marketsim import Fleet, top_up, wallet
 
 pytestmark = pytest.mark.django_db
@@ -25,11 +25,6 @@ pytestmark = pytest.mark.django_db
 def fleet():
     return Fleet()
 
-
-def client_for(user) -> APIClient:
-    c = APIClient()
-    c.force_authenticate(user)
-    return c
 
 
 def iso(dt) -> str:

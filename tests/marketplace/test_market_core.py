@@ -10,7 +10,6 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
-from rest_framework.test import APIClient
 
 from marketplace import metering
 from marketplace.claims import snapshot
@@ -29,16 +28,11 @@ from marketplace.products import catalog, orders, resale
 from marketplace.products.orders import OrderSpec
 from marketplace.products.projects import project_create
 from scheduler import ports
-from tests.factories import UserFactory
+from tests.factories import UserFactory, client_for
 from tests.marketplace.marketsim import Fleet, top_up, wallet
 
 pytestmark = pytest.mark.django_db
 
-
-def client_for(user) -> APIClient:
-    c = APIClient()
-    c.force_authenticate(user)
-    return c
 
 
 # --- the four bugs found through the API ---------------------------------------------------------------------------

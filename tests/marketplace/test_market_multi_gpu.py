@@ -4,13 +4,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from rest_framework.test import APIClient
 
 from marketplace.lifecycle import leases
 from marketplace.models import Lease, Order
 from marketplace.money.check import ledger_check
 from scheduler.models import Slice
-from tests.factories import UserFactory
+from tests.factories import UserFactory, client_for
 from tests.marketplace.marketsim import Fleet, top_up
 
 pytestmark = pytest.mark.django_db
@@ -20,11 +19,6 @@ pytestmark = pytest.mark.django_db
 def fleet():
     return Fleet()
 
-
-def client_for(user) -> APIClient:
-    c = APIClient()
-    c.force_authenticate(user)
-    return c
 
 
 def test_a_two_gpu_on_demand_order_runs_two_metered_leases_on_one_node_and_ending_the_order_ends_both(fleet):

@@ -20,7 +20,7 @@ from marketplace.management import localstripe
 from marketplace.models import LedgerTransaction, Payment, StripeEvent
 from marketplace.money import ledger, movements
 from marketplace.money.check import ledger_check
-from tests.factories import UserFactory
+from tests.factories import UserFactory, client_for
 
 GOOD_CARD = "4242424242424242"
 DECLINED_CARD = "4000000000000341"  # localstripe declines this one when charged (4000000000000002 only on attach)
@@ -90,11 +90,6 @@ def stripe_on(settings, fake_stripe):
     settings.STRIPE_WEBHOOK_SECRET = WEBHOOK_SECRET
     return deliveries
 
-
-def client_for(user) -> APIClient:
-    c = APIClient()
-    c.force_authenticate(user)
-    return c
 
 
 def post_webhook(client, signature: str, body: bytes):

@@ -21,7 +21,7 @@ from marketplace.money.payouts import payout_balance
 from marketplace.products import orders, payouts
 from marketplace.products.orders import OrderSpec
 from scheduler.errors import Conflict, DomainError, NotFound, PermissionDenied
-from tests.factories import UserFactory
+from tests.factories import UserFactory, client_for
 from tests.marketplace.marketsim import Fleet, earnings, top_up
 from tests.marketplace.payoutfix import dated, earn, lines, provider_user
 
@@ -49,11 +49,6 @@ def provider():
 def operator():
     return UserFactory(username="op", is_staff=True, is_superuser=True)
 
-
-def client_for(user) -> APIClient:
-    c = APIClient()
-    c.force_authenticate(user)
-    return c
 
 
 # --- what is payable --------------------------------------------------------------------------------------------

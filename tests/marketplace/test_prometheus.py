@@ -8,13 +8,16 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 import urllib.parse
 import urllib.request
 from datetime import timedelta
 from decimal import Decimal as D
+from wsgiref.simple_server import WSGIRequestHandler, make_server
 
 import pytest
+from django.core.wsgi import get_wsgi_application
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -144,6 +147,11 @@ def test_the_scrape_reads_in_a_constant_number_of_queries(client, settings, djan
 PROMETHEUS = shutil.which("prometheus")
 
 
+class QuietHandler(WSGIRequestHandler):
+    def log_message(self, *args) -> None:  # the scrapes, every second: not for the test's output
+        pass
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -158,14 +166,18 @@ def _get_json(url: str) -> dict:
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.skipif(PROMETHEUS is None and not os.environ.get("GPUMARKET_REQUIRE_ENGINE"),
                     reason="Debian's prometheus package is not installed (.ci/run installs it)")
-def test_a_real_prometheus_server_scrapes_the_fleet_with_the_token(live_server, settings, tmp_path):
+def test_a_real_prometheus_server_scrapes_the_fleet_with_the_token(settings, tmp_path):
     assert PROMETHEUS, "CI installs Debian's prometheus"
     settings.METRICS_TOKEN = TOKEN
     fleet = Fleet()
     node = fleet.node("h100-80gb:2")
     for gpu in node.gpus.all():
         reading(gpu, util=55.0 + gpu.index)
-    target = urllib.parse.urlsplit(live_server.url).netloc
+    # A web server of this test's own, stopped with it (pytest-django's live_server would serve, and hold database
+    # connections, for the rest of the session).
+    web = make_server("127.0.0.1", 0, get_wsgi_application(), handler_class=QuietHandler)
+    threading.Thread(target=web.serve_forever, daemon=True).start()
+    target = f"127.0.0.1:{web.server_port}"
     (tmp_path / "prometheus.yml").write_text(
         "global: {scrape_interval: 1s, scrape_timeout: 1s}\n"
         "scrape_configs:\n"
@@ -196,6 +208,8 @@ def test_a_real_prometheus_server_scrapes_the_fleet_with_the_token(live_server, 
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+        web.shutdown()
+        web.server_close()
 
 
 def test_every_series_the_grafana_dashboard_queries_is_one_metrics_exports(client, settings):

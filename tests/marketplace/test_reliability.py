@@ -7,7 +7,6 @@ from datetime import timedelta
 
 import pytest
 from django.utils import timezone
-from rest_framework.test import APIClient
 
 from marketplace.claims import snapshot
 from marketplace.lifecycle import leases
@@ -17,7 +16,7 @@ from marketplace.products.orders import OrderSpec
 from scheduler.models import Gpu, HealthEvent, Node
 from scheduler.services import health as health_services
 from scheduler.services.reliability import reliability_recompute
-from tests.factories import UserFactory
+from tests.factories import UserFactory, client_for
 from tests.marketplace.marketsim import Fleet, top_up
 
 pytestmark = pytest.mark.django_db
@@ -27,11 +26,6 @@ pytestmark = pytest.mark.django_db
 def fleet():
     return Fleet()
 
-
-def client_for(user) -> APIClient:
-    c = APIClient()
-    c.force_authenticate(user)
-    return c
 
 
 def parts(detail: dict) -> dict:

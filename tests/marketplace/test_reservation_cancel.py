@@ -16,7 +16,7 @@ from marketplace.money.check import ledger_check
 from marketplace.products import orders, reservations, resale
 from marketplace.products.orders import OrderSpec
 from scheduler.errors import Conflict, NotFound
-from tests.factories import UserFactory
+from tests.factories import UserFactory, client_for
 from tests.marketplace.marketsim import Fleet, earnings, top_up, wallet
 
 pytestmark = pytest.mark.django_db
@@ -35,11 +35,6 @@ def book(buyer, *, hours_ahead: float, hours: float = 2, now=None) -> Reservatio
         window_end=start + timedelta(hours=hours)))
     return Reservation.objects.get(order=order)
 
-
-def client_for(user) -> APIClient:
-    c = APIClient()
-    c.force_authenticate(user)
-    return c
 
 
 def test_a_window_cancelled_a_day_ahead_is_refunded_in_full_from_the_provider_and_the_fee(fleet):

@@ -9,7 +9,6 @@ from decimal import Decimal as D
 import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
-from rest_framework.test import APIClient
 
 from marketplace.lifecycle import leases
 from marketplace.models import Lease, LedgerTransaction, Project, UsageRecord
@@ -19,16 +18,11 @@ from marketplace.products import orders
 from marketplace.products.orders import OrderSpec
 from marketplace.products.projects import project_create
 from scheduler.models import Node
-from tests.factories import UserFactory
+from tests.factories import UserFactory, client_for
 from tests.marketplace.marketsim import Fleet
 
 pytestmark = pytest.mark.django_db
 
-
-def client_for(user) -> APIClient:
-    c = APIClient()
-    c.force_authenticate(user)
-    return c
 
 
 def at(text: str) -> datetime:

@@ -10,15 +10,10 @@ from marketplace.products.apikeys import api_key_create, api_key_revoke
 from scheduler.models import Node, Slice
 from scheduler.services import nodes as node_services
 from tests.agentframes import hello_from, sim_backend
-from tests.factories import ProviderFactory, UserFactory, node_with_token
+from tests.factories import ProviderFactory, UserFactory, client_for, node_with_token
 
 pytestmark = pytest.mark.django_db
 
-
-def client_for(user) -> APIClient:
-    c = APIClient()
-    c.force_authenticate(user)
-    return c
 
 
 def test_registering_a_node_returns_its_token_once_with_the_agent_command():
