@@ -52,6 +52,7 @@ def alert_fire(*, user, kind: str, subject_key: str, title: str, detail: str = "
     alert per subject, guaranteed by the database: two callers racing open one, the other gets it back."""
     if kind not in AlertKind.values:
         raise ValueError(f"unknown alert kind {kind!r}")
+    subject_key = subject_key[:200]  # the column's length: the lookups below must use the key as stored
     now = now or timezone.now()
     fields = {"title": title[:200], "detail": detail, "severity": severity, "suggestion": suggestion}
     with transaction.atomic():
@@ -60,7 +61,7 @@ def alert_fire(*, user, kind: str, subject_key: str, title: str, detail: str = "
         if firing is None:
             try:
                 with transaction.atomic():  # a savepoint: the unique constraint settles a race with another firer
-                    alert = Alert.objects.create(user=user, kind=kind, subject_key=subject_key[:200], fired_at=now,
+                    alert = Alert.objects.create(user=user, kind=kind, subject_key=subject_key, fired_at=now,
                                                  lease=lease, project=project, **fields)
             except IntegrityError:
                 firing = Alert.objects.select_for_update().get(user=user, subject_key=subject_key,

@@ -132,13 +132,13 @@ class ScaleStep:
     lease: str | None = None
 
 
-def group_utils(members: list[LeaseLoad], minutes: list[datetime]) -> tuple[list[float] | None, dict]:
+def group_utils(members: list[LeaseLoad], minutes: list[datetime]) -> list[float] | None:
     """The group's average utilisation in each of `minutes` over the leases that ran the whole window (None when
-    none did), and each such lease's readings."""
-    covered = {m.lease: u for m in members if (u := window_utils(m, minutes)) is not None}
+    none did)."""
+    covered = [u for m in members if (u := window_utils(m, minutes)) is not None]
     if not covered:
-        return None, covered
-    return [sum(u[i] for u in covered.values()) / len(covered) for i in range(len(minutes))], covered
+        return None
+    return [sum(u[i] for u in covered) / len(covered) for i in range(len(minutes))]
 
 
 def _cooling(last_action_at: datetime | None, seconds: int, now: datetime) -> bool:
@@ -162,7 +162,7 @@ def autoscale_decide(*, rule: ScaleRule, members: list[LeaseLoad], count: int, n
         victim = _least_loaded(members, window(now, rule.scale_in_minutes))
         if victim is not None:
             return ScaleStep("scale_in", f"{count} lease(s), above the maximum of {rule.max_leases}", None, victim)
-    out_utils, _ = group_utils(members, window(now, rule.scale_out_minutes))
+    out_utils = group_utils(members, window(now, rule.scale_out_minutes))
     busy = out_utils is not None and min(out_utils) > rule.scale_out_pct
     avg_out = sum(out_utils) / len(out_utils) if out_utils else None
     queued = (rule.scale_out_queue is not None and queue_length is not None and queue_reported_at is not None
@@ -176,7 +176,7 @@ def autoscale_decide(*, rule: ScaleRule, members: list[LeaseLoad], count: int, n
             return ScaleStep("", f"{why}, in the scale-out cooldown", avg_out)
         return ScaleStep("scale_out", why, avg_out)
     in_minutes = window(now, rule.scale_in_minutes)
-    in_utils, _ = group_utils(members, in_minutes)
+    in_utils = group_utils(members, in_minutes)
     if in_utils is not None and max(in_utils) < rule.scale_in_pct and count > rule.min_leases:
         avg_in = sum(in_utils) / len(in_utils)
         why = f"average utilisation {avg_in:.0f}% below {rule.scale_in_pct:g}% for {rule.scale_in_minutes} min"

@@ -23,7 +23,7 @@ from django.utils import timezone
 from marketplace.lifecycle.alerts import alert_fire, alert_resolve
 from marketplace.metering import minute_of, wallet_runways
 from marketplace.models import Alert, AlertKind, AlertRule, Lease, Project
-from marketplace.money.statements import cents, project_spend
+from marketplace.money.statements import cents, month_of, project_spend
 from marketplace.pricing import price_for, spot_factor_for
 from nodeagent.hardware import mig as core_mig
 from scheduler.core import pricing as core_pricing
@@ -241,7 +241,7 @@ def _lease_metrics(now: datetime) -> dict[str, int]:
     """Underused and OOM-risk alerts of running leases, on their GPU's complete minutes before `now`."""
     current = minute_of(now)
     leases = list(Lease.objects.filter(state=Lease.State.RUNNING)
-                  .select_related("slice__gpu__gpu_model", "slice__gpu__node", "order"))
+                  .select_related("slice__gpu__gpu_model", "slice__gpu__node", "order", "buyer"))
     gpu_ids = {lease.slice.gpu_id for lease in leases}
     sharing = dict(Slice.objects.filter(gpu_id__in=gpu_ids, state__in=Slice.ACTIVE_STATES).order_by()
                    .values("gpu_id").annotate(n=Count("id")).values_list("gpu_id", "n"))
@@ -387,7 +387,7 @@ def _gpu_health(now: datetime) -> int:
 def _spend(now: datetime) -> int:
     """A project's month-to-date spend (UTC month) at each of its rule's percentages of its monthly budget: the
     highest reached fires (once a month), the lower ones it passed resolve; a new month starts them over."""
-    month = f"{now:%Y-%m}"
+    month = month_of(now)  # the UTC month project_spend sums
     projects = list(Project.objects.filter(monthly_budget__isnull=False).select_related("user"))
     rules = Rules({p.user_id for p in projects}, [K.SPEND])
     fired, keep = 0, set()

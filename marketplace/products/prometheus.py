@@ -121,12 +121,10 @@ def _market_families() -> Iterator:
 
     latency = ExpressionWrapper(F("started_at") - F("order__created_at"), output_field=DurationField())
     buckets = {f"le_{b}": Count("id", filter=Q(latency__lte=timedelta(seconds=b))) for b in ORDER_TO_RUNNING_BUCKETS}
+    # One pass: the buckets, the count and the sum of observations (PostgreSQL and SQLite both sum a duration).
     started = (Lease.objects.filter(order__isnull=False, started_at__isnull=False).annotate(latency=latency)
-               .aggregate(count=Count("id"), **buckets))
-    # The sum of observations: in Python over the durations would read every lease; PostgreSQL and SQLite both sum
-    # an interval/duration expression, so let the database do it.
-    total = (Lease.objects.filter(order__isnull=False, started_at__isnull=False)
-             .aggregate(s=Sum(latency))["s"]) or timedelta(0)
+               .aggregate(count=Count("id"), total=Sum("latency"), **buckets))
+    total = started["total"] or timedelta(0)
     hist = HistogramMetricFamily("gpumarket_order_to_running_seconds",
                                  "Seconds from an order to its lease running (placement, carving, start).")
     hist.add_metric([], [(str(float(b)), started[f"le_{b}"]) for b in ORDER_TO_RUNNING_BUCKETS]

@@ -129,12 +129,19 @@ def project_create(request):
                    lambda project: f"Project “{project.name}” created.")
 
 
-@login_required
-@require_http_methods(["GET", "POST"])
-def project_delete(request, project_id):
+def _own_project(request, project_id) -> Project | None:
+    """The signed-in buyer's project, or None with a message saying so (another's is not found either)."""
     project = Project.objects.filter(pk=project_id, user=request.user).first()
     if project is None:
         messages.error(request, "No such project among yours.")
+    return project
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def project_delete(request, project_id):
+    project = _own_project(request, project_id)
+    if project is None:
         return redirect("console:account")
     if request.method == "GET":
         return confirm_page(request, Confirm(
@@ -155,9 +162,8 @@ def project_delete(request, project_id):
 @require_http_methods(["GET", "POST"])
 def project_detail(request, project_id):
     """A project: its month against its budget, and the budget form (soft or hard cap)."""
-    project = Project.objects.filter(pk=project_id, user=request.user).first()
+    project = _own_project(request, project_id)
     if project is None:
-        messages.error(request, "No such project among yours.")
         return redirect("console:account")
     status = 200
     if request.method == "POST":

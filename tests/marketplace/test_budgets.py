@@ -226,7 +226,7 @@ def test_the_projects_api_sets_and_shows_a_budget_and_refuses_bad_ones():
                                        ("10000000000", False)])
 def test_a_budget_is_positive_whole_cents_or_none(value, ok):
     if ok:
-        projects.budget_amount(value)
+        assert projects.budget_amount(value) == (Decimal(value) if value else None)
     else:
         with pytest.raises(projects.DomainError):
             projects.budget_amount(value)
