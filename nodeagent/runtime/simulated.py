@@ -13,7 +13,7 @@ import threading
 import time
 import uuid as uuidlib
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from .. import protocol
 from ..errors import BackendError
@@ -38,8 +38,11 @@ class SimulatedRuntime(Runtime):
 
     def __init__(self, report: Report | None = None, node: str = "", *, seed: int | None = None,
                  pull_seconds: float = PULL_SECONDS, log_every: float = LOG_EVERY_SECONDS,
-                 state: StateFile | None = None) -> None:
+                 state: StateFile | None = None, clock: Callable[[], float] = time.time) -> None:
         super().__init__(report, node)
+        # What "now" is (epoch seconds): the wall clock, or a test's own clock so that a replayed test sees the
+        # same start times.
+        self.clock = clock
         self.pull_seconds, self.log_every = pull_seconds, log_every
         self._lock = threading.Lock()
         self._running: dict[str, _Sim] = {}
@@ -66,22 +69,25 @@ class SimulatedRuntime(Runtime):
             if sim is not None:  # a repeated start: the same container
                 return {"container": sim.container, "state": "running" if sim.exit_code is None else "exited"}
             sim = self._running[spec.lease] = _Sim(spec, container=uuidlib.uuid4().hex)
-        state(self.report, spec.lease, "pulling", progress=f"pulling {spec.image}")
+        self._state(spec.lease, "pulling", progress=f"pulling {spec.image}")
         time.sleep(self.pull_seconds)
         if spec.image.endswith(":missing"):
             with self._lock:
                 self._running.pop(spec.lease, None)
                 self._persist()
             reason = f"the image {spec.image} could not be pulled: manifest unknown"
-            state(self.report, spec.lease, "failed", reason=reason)
+            self._state(spec.lease, "failed", reason=reason)
             raise BackendError(protocol.E_INTERNAL, reason)
-        state(self.report, spec.lease, "starting")
+        self._state(spec.lease, "starting")
         with self._lock:
-            sim.started = time.time()
+            sim.started = self.clock()
             self._persist()
-        state(self.report, spec.lease, "running", container=sim.container, at=sim.started)
+        self._state(spec.lease, "running", container=sim.container, at=sim.started)
         self._watch(sim)
         return {"container": sim.container, "state": "running"}
+
+    def _state(self, lease: str, state_name: str, **kw: Any) -> None:
+        state(self.report, lease, state_name, **{"at": self.clock(), **kw})
 
     def _run(self, sim: _Sim) -> None:
         spec = sim.spec
@@ -95,11 +101,11 @@ class SimulatedRuntime(Runtime):
                 return
             loss *= 0.97 + 0.02 * self._rng.random()
             self.report(protocol.logs(lease=spec.lease, data=f"step {step}: loss {loss:.4f}\n"))
-            if run_for is not None and time.time() - sim.started >= run_for:
+            if run_for is not None and self.clock() - sim.started >= run_for:
                 with self._lock:
                     sim.exit_code = code
                     self._persist()
-                state(self.report, spec.lease, "exited", container=sim.container, exit_code=code)
+                self._state(spec.lease, "exited", container=sim.container, exit_code=code)
                 return
 
     def stop(self, lease: str, grace_seconds: float) -> dict[str, Any]:
@@ -107,13 +113,13 @@ class SimulatedRuntime(Runtime):
             sim = self._running.pop(lease, None)
             self._persist()
         if sim is None:
-            state(self.report, lease, "removed")
+            self._state(lease, "removed")
             return {"removed": False, "exit_code": None}
         sim.stop.set()
         if sim.exit_code is None:
             self.report(protocol.logs(lease=lease, data="[simulated] SIGTERM: stopping\n"))
             sim.exit_code = 143
-        state(self.report, lease, "removed", exit_code=sim.exit_code)
+        self._state(lease, "removed", exit_code=sim.exit_code)
         return {"removed": True, "exit_code": sim.exit_code}
 
     def notice(self, lease: str, mode: str, deadline: str, kind: str) -> dict[str, Any]:

@@ -24,7 +24,8 @@ from tests.factories import UserFactory, node_with_token
 
 
 class Fleet:
-    def __init__(self):
+    def __init__(self, *, clock=time.time):
+        self.clock = clock  # epoch seconds the runtimes stamp their reports with: a test may run its own clock
         self.backends: dict = {}  # node id -> simulated backend
         self.runtimes: dict = {}  # node id -> simulated runtime
         self.frames: list = []  # (node id, frame) the runtimes reported, not yet handed to the server
@@ -48,7 +49,8 @@ class Fleet:
         if runtime == "simulated":
             # No pull delay, and output only when a test asks for it (`output`): the test decides what happens.
             self.runtimes[node.pk] = SimulatedRuntime(report=lambda f, n=node.pk: self._reported(n, f),
-                                                      node=str(node.pk), pull_seconds=0, log_every=3600)
+                                                      node=str(node.pk), pull_seconds=0, log_every=3600,
+                                                      clock=self.clock)
         node.refresh_from_db()
         return node
 
@@ -85,7 +87,7 @@ class Fleet:
     def report(self, lease: Lease, state: str, *, at: float | None = None, **kw) -> None:
         """What the lease's agent says of its container by itself (it exited, it failed, ...), handed over now."""
         node_id = lease.slice.gpu.node_id
-        self._reported(node_id, protocol.workload(lease=str(lease.pk), state=state, at=at or time.time(), **kw))
+        self._reported(node_id, protocol.workload(lease=str(lease.pk), state=state, at=at or self.clock(), **kw))
         self.deliver()
 
     def output(self, lease: Lease, data: str) -> None:
