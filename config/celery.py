@@ -10,6 +10,16 @@ app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
 
 
+def run_task(name: str, *args, countdown: float | None = None, **kwargs) -> None:
+    """Queue the task registered as `name` (run at once where tasks are eager, as in tests): services queue tasks by
+    name, since the tasks modules import the services."""
+    from celery import current_app
+
+    if name not in current_app.tasks:
+        current_app.loader.import_default_modules()  # the apps' tasks modules register their tasks
+    current_app.tasks[name].apply_async(args, kwargs, countdown=countdown)
+
+
 def _route_events_through_outbox(**kwargs):
     # An in-memory channel layer exists once per process: the worker's and beat's are not the web's.
     from django.conf import settings

@@ -12,6 +12,7 @@ from django.conf import settings
 from django.core.mail import send_mail
 from django.db import transaction
 
+from config.celery import run_task
 from scheduler.errors import DomainError
 from scheduler.services.events import announce_buyer, announce_lease
 
@@ -30,15 +31,6 @@ def tell_buyer(user_id, event: dict) -> None:
 def tell_lease_watchers(lease_id, event: dict) -> None:
     """Push `event` to the console sockets watching the lease (its page) once the transaction commits."""
     transaction.on_commit(lambda: announce_lease(lease_id, event))
-
-
-def run_task(name: str, *args) -> None:
-    """Queue the Celery task registered as `name` (run at once where tasks are eager, as in tests)."""
-    from celery import current_app
-
-    if name not in current_app.tasks:
-        current_app.loader.import_default_modules()  # the apps' tasks modules register their tasks
-    current_app.tasks[name].delay(*args)
 
 
 def webhook_later(url: str, payload: dict) -> None:

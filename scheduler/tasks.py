@@ -21,3 +21,8 @@ def expire_commands() -> int:
 @shared_task(name="fleet.reliability")
 def reliability() -> int:
     return reliability_services.reliability_recompute()
+
+
+@shared_task(name="fleet.reliability_node")
+def reliability_node(node_id: str) -> int:
+    return reliability_services.reliability_recompute(node_ids=[node_id])

@@ -267,6 +267,8 @@ RELIABILITY = {
     "PENALTIES": {},
     "WINDOW_DAYS": env_int("RELIABILITY_WINDOW_DAYS", 30, minimum=1, maximum=365),
     "RECOMPUTE_SECONDS": env_float("RELIABILITY_RECOMPUTE_SECONDS", 300.0, minimum=10),
+    # A node's events rescore it at most once per this many seconds (a burst of XIDs: once now, once at its end).
+    "EVENT_RESCORE_SECONDS": env_float("RELIABILITY_EVENT_RESCORE_SECONDS", 30.0, minimum=1),
 }
 
 REST_FRAMEWORK = {

@@ -9,10 +9,12 @@ from collections import defaultdict
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 from django.db.models import Count
 from django.utils import timezone
 
+from config.celery import run_task
 from scheduler.core import reliability as core
 from scheduler.models import AgentCommand, Gpu, HealthEvent, Node
 from scheduler.ports import market
@@ -152,5 +154,16 @@ def _recompute_quietly(node_id) -> None:
 
 
 def reliability_refresh_later(*, node_id) -> None:
-    """Rescore the node once the surrounding transaction commits (a health event, a buyer's report)."""
-    transaction.on_commit(lambda: _recompute_quietly(node_id))
+    """Rescore the node once the surrounding transaction commits (a health event, a buyer's report), at most once
+    per EVENT_RESCORE_SECONDS: a GPU reporting XIDs in a burst costs the gateway one rescore at the first event and
+    the worker one at the end of the window (which reads every event of the burst), not one per event. With the
+    cache (Redis) away neither runs and the beat's recompute catches up within RECOMPUTE_SECONDS."""
+    transaction.on_commit(lambda: _rescore_soon(node_id))
+
+
+def _rescore_soon(node_id) -> None:
+    window = settings.RELIABILITY["EVENT_RESCORE_SECONDS"]
+    if cache.add(f"reliability:rescored:{node_id}", 1, timeout=window):
+        _recompute_quietly(node_id)
+    elif cache.add(f"reliability:due:{node_id}", 1, timeout=window):
+        run_task("fleet.reliability_node", node_id=str(node_id), countdown=window)

@@ -143,3 +143,33 @@ def test_the_beat_scores_every_node_in_chunks_with_a_fixed_number_of_queries(fle
         assert reliability.reliability_recompute() == 3
     assert Node.objects.filter(reliability_at__isnull=False).count() == 3
     assert Gpu.objects.filter(reliability=1.0).count() == 6
+
+
+def test_a_burst_of_xids_rescores_its_node_once_at_the_first_event_and_once_for_the_rest(fleet, monkeypatch,
+                                                                                       django_capture_on_commit_callbacks):
+    from scheduler.services import reliability
+
+    node = fleet.node("a100-80gb:1")
+    gpu = Gpu.objects.get(node=node)
+    scored = []
+    real = reliability.reliability_recompute
+    monkeypatch.setattr(reliability, "reliability_recompute",
+                        lambda **kw: scored.append(kw["node_ids"]) or real(**kw))
+
+    def xid():
+        with django_capture_on_commit_callbacks(execute=True):
+            health_services.health_event_record(node_id=node.pk, gpu_uuid=gpu.uuid, kind="xid", message="XID 79",
+                                                detail={"codes": [79]})
+
+    for _ in range(6):
+        xid()
+    # the first event now; the second queues one rescore for the end of the window (run at once where tasks are
+    # eager), which reads the whole burst; the other four cost nothing
+    assert scored == [[node.pk], [str(node.pk)]]
+    gpu.refresh_from_db()
+    assert parts(gpu.reliability_detail)["health"]["events"]["xid:79"] >= 2
+    from django.core.cache import cache
+
+    cache.delete_many([f"reliability:rescored:{node.pk}", f"reliability:due:{node.pk}"])  # the window has passed
+    xid()
+    assert len(scored) == 3
