@@ -50,7 +50,9 @@ def operations(request):
 @login_required
 @require_POST
 def reclaim_policy_save(request):
-    """Save the policy of the chosen scope (the default, or a project): a new one, or the existing one changed."""
+    """Save the policy of the chosen scope (the default, or a project): a new one, or the existing one changed. The
+    form is the scope's settings, so it edits what is there (and says so) where the API's POST, which creates,
+    answers 409 and leaves edits to PATCH."""
     form = ReclaimPolicyForm(request.POST, prefix="policy", projects=_projects(request.user))
     if form.is_valid():
         data = dict(form.cleaned_data)
@@ -62,7 +64,9 @@ def reclaim_policy_save(request):
         except DomainError as exc:
             add_domain_error(form, exc)
         else:
-            messages.success(request, "Idle reclaim policy saved.")
+            scope = f"project {existing.project.name}" if existing and existing.project else "your account's default"
+            messages.success(request, f"Idle reclaim policy for {scope} updated." if existing else
+                             "Idle reclaim policy saved.")
             return redirect(reverse("console:operations") + "#reclaim")
     mark_invalid(form)
     return _page(request, policy_form=form, status=400)

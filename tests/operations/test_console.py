@@ -32,7 +32,8 @@ def test_a_policy_set_on_the_page_is_saved_and_saving_it_again_changes_it():
     assert c.get("/operations/").status_code == 200
     r = c.post("/operations/reclaim/", POLICY)
     assert r.status_code == 302
-    c.post("/operations/reclaim/", POLICY | {"policy-idle_below_pct": "3"})
+    r = c.post("/operations/reclaim/", POLICY | {"policy-idle_below_pct": "3"}, follow=True)
+    assert "Idle reclaim policy for your account&#x27;s default updated." in r.content.decode()
     policy = ReclaimPolicy.objects.get(user=buyer)
     assert policy.idle_below_pct == 3 and policy.timezone == "Europe/Berlin" and policy.project is None
     page = c.get("/operations/").content.decode()
