@@ -472,9 +472,8 @@ def _auto_failed(row: AutoTopUp, message: str, *, now: datetime, payment: Paymen
         if off:
             event = {"type": "auto_topup_disabled", "failures": row.failures, "last_error": row.last_error,
                      "message": f"Auto top-up is off: {row.disabled_reason}"}
-            events.tell_buyer(row.user_id, event)
-            # The bell too, until a card is saved again or auto top-up is turned back on (the e-mail below is its
-            # own, not a second one).
+            # The console hears it as the alert (its bell and sockets), until a card is saved again or auto top-up
+            # is turned back on; the budget webhook and the e-mail below are its own (the alert sends neither).
             alert_fire(user=row.user, kind="other", subject_key=_auto_alert_key(row.user_id), severity="critical",
                        title="Auto top-up is off: your card was not charged", detail=row.disabled_reason, email=False,
                        now=now)

@@ -9,7 +9,7 @@ import pytest
 from django.core import mail
 from django.utils import timezone
 
-from marketplace import tasks
+from marketplace import events, tasks
 from marketplace.models import AutoTopUp, Payment
 from marketplace.money.check import ledger_check
 from marketplace.products import payments
@@ -62,9 +62,12 @@ def test_the_meters_task_tops_up_after_its_tick():
     assert wallet(buyer) == Decimal("10")
 
 
-def test_a_card_that_keeps_failing_turns_auto_top_up_off_with_a_notice(settings, django_capture_on_commit_callbacks):
+def test_a_card_that_keeps_failing_turns_auto_top_up_off_with_a_notice(settings, django_capture_on_commit_callbacks,
+                                                                        monkeypatch):
     settings.MARKET = {**settings.MARKET, "AUTO_TOPUP_MAX_FAILURES": 3}
     buyer = UserFactory(email="buyer@example.com")
+    heard = []
+    monkeypatch.setattr(events, "announce_buyer", lambda user_id, event: heard.append(event["type"]))
     with_card(buyer, DECLINED_CARD)  # saved fine, declined when charged
     with django_capture_on_commit_callbacks(execute=True):
         for attempt in (1, 2, 3):
@@ -74,6 +77,7 @@ def test_a_card_that_keeps_failing_turns_auto_top_up_off_with_a_notice(settings,
             assert row.enabled == (attempt < 3)
     assert "declined" in row.last_error and row.disabled_reason.startswith("turned off after 3 failed charges")
     assert [m.subject for m in mail.outbox] == ["Auto top-up is off: your card was not charged"]
+    assert heard == ["alert_firing"]  # the console hears it once, as the alert
     assert wallet(buyer) == 0 and payments.auto_topups_due() == []
     # A new card and turning it on again start afresh.
     payments.card_setup_start(user=buyer)
