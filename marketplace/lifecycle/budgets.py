@@ -28,7 +28,7 @@ from marketplace import metering
 from marketplace.amounts import ZERO, cost, micro, usd
 from marketplace.conf import market
 from marketplace.models import BudgetNotice, Lease, Mode, Project
-from marketplace.money.statements import month_of, project_spend
+from marketplace.money.statements import month_of, project_spend, projects_spend
 from scheduler.errors import Conflict
 
 PAY_AS_YOU_GO = (Mode.ON_DEMAND, Mode.SPOT)
@@ -66,8 +66,8 @@ class BudgetState:
         return None if not self.budget else self.spent / self.budget
 
 
-def _pay_as_you_go(project_id: int):
-    return Lease.objects.filter(order__project_id=project_id, state__in=HOLDING_STATES, mode__in=PAY_AS_YOU_GO,
+def _pay_as_you_go(project_ids: list[int]):
+    return Lease.objects.filter(order__project_id__in=project_ids, state__in=HOLDING_STATES, mode__in=PAY_AS_YOU_GO,
                                 metered=True)
 
 
@@ -76,7 +76,7 @@ def held_by_leases(*, project_id: int, now: datetime) -> Decimal:
     uncharged, and their next MIN_PREPAID_SECONDS at their price."""
     seconds = market("MIN_PREPAID_SECONDS")
     return sum((metering.owed(lease, now) + cost(per_hour=lease.price_per_hour, seconds=seconds)
-                for lease in _pay_as_you_go(project_id).only(
+                for lease in _pay_as_you_go([project_id]).only(
                     "id", "state", "metered", "price_per_hour", "accrued_until", "cost_accrued", "cost_charged",
                     "ends_at")), ZERO)
 
@@ -139,11 +139,15 @@ def caps_reached(*, now: datetime) -> list[CapReached]:
     projects = (Project.objects.filter(budget_cap=Project.BudgetCap.HARD, monthly_budget__isnull=False,
                                        orders__leases__state=Lease.State.RUNNING,
                                        orders__leases__mode__in=PAY_AS_YOU_GO).distinct().select_related("user"))
+    projects = list(projects)
+    running: dict[int, list[Lease]] = {}
+    for lease in _pay_as_you_go([p.pk for p in projects]).filter(state=Lease.State.RUNNING).select_related("order"):
+        running.setdefault(lease.order.project_id, []).append(lease)
+    spends = projects_spend(project_ids=[p.pk for p in projects], at=now)
     for project in projects:
-        leases = list(_pay_as_you_go(project.pk).filter(state=Lease.State.RUNNING))
+        leases = running.get(project.pk, [])
         burn = sum((lease.price_per_hour for lease in leases), ZERO)
-        spent = project_spend(project_id=project.pk, at=now) + sum((metering.owed(lease, now) for lease in leases),
-                                                                   ZERO)
+        spent = spends[project.pk] + sum((metering.owed(lease, now) for lease in leases), ZERO)
         left = project.monthly_budget - spent
         seconds_left = float(left / burn * 3600) if burn > 0 else float("inf")
         if left <= 0:

@@ -55,13 +55,24 @@ def project_spend(*, project_id: int, at: datetime) -> Decimal:
     """A project's spending in the UTC month of `at` up to now, exact: what its statement totals — usage (the
     metered minutes) plus the other charges booked under it (reserved windows paid when booked, resale purchases,
     less refunds of charges); top-ups, refunds to the card and credits are not spending (NOT_SPENDING)."""
+    return projects_spend(project_ids=[project_id], at=at)[project_id]
+
+
+def projects_spend(*, project_ids, at: datetime) -> dict[int, Decimal]:
+    """`project_spend` of each project, in two queries whatever their number (the beat's passes over budgets)."""
+    ids = list(project_ids)
     _, start, end = month_bounds(month_of(at))
-    usage = exact_sum(UsageRecord.objects.filter(project_id=project_id, minute__gte=start, minute__lt=end))
-    other = exact_sum(LedgerEntry.objects.filter(
-        project_id=project_id, account__user_id=F("project__user_id"), account__kind=Account.Kind.WALLET,
+    usage = grouped(UsageRecord.objects.filter(project_id__in=ids, minute__gte=start, minute__lt=end),
+                    ["project_id"], ["amount"])
+    other = grouped(LedgerEntry.objects.filter(
+        project_id__in=ids, account__user_id=F("project__user_id"), account__kind=Account.Kind.WALLET,
         created_at__gte=start, created_at__lt=end)
-        .exclude(transaction__kind__in=NOT_SPENDING))
-    return usage - other  # a wallet line of a charge is negative
+        .exclude(transaction__kind__in=NOT_SPENDING), ["project_id"], ["amount"])
+
+    def total(sums: dict, pid) -> Decimal:
+        return sums.get((pid,), {}).get("amount", ZERO)
+
+    return {pid: total(usage, pid) - total(other, pid) for pid in ids}  # a wallet line of a charge is negative
 
 
 def grouped(qs: QuerySet, keys: list[str], fields: list[str]) -> dict[tuple, dict[str, Decimal]]:

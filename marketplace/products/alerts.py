@@ -23,7 +23,7 @@ from django.utils import timezone
 from marketplace.lifecycle.alerts import alert_fire, alert_resolve
 from marketplace.metering import minute_of, wallet_runways
 from marketplace.models import Alert, AlertKind, AlertRule, Lease, Project
-from marketplace.money.statements import cents, month_of, project_spend
+from marketplace.money.statements import cents, month_of, projects_spend
 from marketplace.pricing import price_for, spot_factor_for
 from nodeagent.hardware import mig as core_mig
 from scheduler.core import pricing as core_pricing
@@ -237,6 +237,15 @@ def larger_profile(lease: Lease) -> dict | None:
             "text": f"{nxt.name} ({nxt.memory_gb:g} GB) for ${cents(price)}/h, ${cents(price - now_price)}/h more."}
 
 
+def _resolve_cleared(kinds: list[str], keep: set, now: datetime) -> None:
+    """Resolve the firing alerts of `kinds` whose (user id, subject key) this pass did not keep: the condition
+    cleared, the rule was switched off, the lease ended. Resolving costs a locked read, so only what is firing is
+    looked at (not every quiet subject every minute)."""
+    for alert in Alert.objects.filter(kind__in=kinds, state=Alert.State.FIRING).select_related("user"):
+        if (alert.user_id, alert.subject_key) not in keep:
+            alert_resolve(user=alert.user, subject_key=alert.subject_key, now=now)
+
+
 def _lease_metrics(now: datetime) -> dict[str, int]:
     """Underused and OOM-risk alerts of running leases, on their GPU's complete minutes before `now`."""
     current = minute_of(now)
@@ -250,9 +259,6 @@ def _lease_metrics(now: datetime) -> dict[str, int]:
         minutes.setdefault(r.gpu_id, {})[r.minute] = r
     rules = Rules({lease.buyer_id for lease in leases}, [K.UNDERUSED, K.OOM_RISK])
     fired = {K.UNDERUSED: 0, K.OOM_RISK: 0}
-    # Resolving costs a locked read, so only what is firing is resolved (not every quiet lease every minute).
-    open_now = {(a.user_id, a.subject_key): a for a in Alert.objects.filter(
-        kind__in=[K.UNDERUSED, K.OOM_RISK], state=Alert.State.FIRING).select_related("user")}
     keep = set()
     last = current - timedelta(minutes=1)
     for lease in leases:
@@ -281,10 +287,7 @@ def _lease_metrics(now: datetime) -> dict[str, int]:
                                    severity="info" if kind == K.UNDERUSED else "warning", suggestion=suggestion,
                                    lease=lease, email=setting.email, now=now)
             fired[kind] += opened
-    # Conditions that cleared, rules switched off, leases that ended or are keep no more: their alerts resolve.
-    for (user_id, key), alert in open_now.items():
-        if (user_id, key) not in keep:
-            alert_resolve(user=alert.user, subject_key=key, now=now)
+    _resolve_cleared([K.UNDERUSED, K.OOM_RISK], keep, now)
     return fired
 
 
@@ -378,24 +381,23 @@ def _gpu_health(now: datetime) -> int:
             _, opened = alert_fire(user=user, kind=K.GPU_HEALTH, subject_key=key, title=title, detail=detail,
                                    severity="critical", lease=lease, email=setting.email, now=now)
             fired += opened
-    for alert in Alert.objects.filter(kind=K.GPU_HEALTH, state=Alert.State.FIRING).select_related("user"):
-        if (alert.user_id, alert.subject_key) not in keep:
-            alert_resolve(user=alert.user, subject_key=alert.subject_key, now=now)
+    _resolve_cleared([K.GPU_HEALTH], keep, now)
     return fired
 
 
 def _spend(now: datetime) -> int:
     """A project's month-to-date spend (UTC month) at each of its rule's percentages of its monthly budget: the
     highest reached fires (once a month), the lower ones it passed resolve; a new month starts them over."""
-    month = month_of(now)  # the UTC month project_spend sums
+    month = month_of(now)  # the UTC month projects_spend sums
     projects = list(Project.objects.filter(monthly_budget__isnull=False).select_related("user"))
     rules = Rules({p.user_id for p in projects}, [K.SPEND])
+    spends = projects_spend(project_ids=[p.pk for p in projects], at=now)
     fired, keep = 0, set()
     for project in projects:
         setting = rules.for_(user_id=project.user_id, kind=K.SPEND, project_id=project.pk)
         if not setting.enabled:
             continue
-        spend = project_spend(project_id=project.pk, at=now)
+        spend = spends[project.pk]
         budget = project.monthly_budget
         reached = [p for p in setting.params["percents"] if spend >= budget * p / 100]
         if not reached:
@@ -413,9 +415,7 @@ def _spend(now: datetime) -> int:
                    + ("It is at its hard cap: new orders are refused and on-demand leases end."
                       if capped else "Its budget is soft: nothing is stopped."))
         fired += opened
-    for alert in Alert.objects.filter(kind=K.SPEND, state=Alert.State.FIRING).select_related("user"):
-        if (alert.user_id, alert.subject_key) not in keep:
-            alert_resolve(user=alert.user, subject_key=alert.subject_key, now=now)
+    _resolve_cleared([K.SPEND], keep, now)
     return fired
 
 
@@ -431,7 +431,7 @@ def _runway(now: datetime) -> int:
         hours = float(setting.params["hours"])
         if not setting.enabled or runway.seconds_left >= hours * 3600:
             continue
-        keep.add(user_id)
+        keep.add((user_id, key))
         left_h = max(0.0, runway.seconds_left / 3600)
         _, opened = alert_fire(
             user=users[user_id], kind=K.WALLET_RUNWAY, subject_key=key, severity="critical" if left_h < 1 else "warning",
@@ -440,9 +440,7 @@ def _runway(now: datetime) -> int:
             detail=f"${cents(runway.balance)} left at ${cents(runway.burn_per_hour)}/h for your running leases "
                    f"(alert under {hours:g} h). Top up, or metered leases stop when it is empty.")
         fired += opened
-    for alert in Alert.objects.filter(kind=K.WALLET_RUNWAY, state=Alert.State.FIRING).select_related("user"):
-        if alert.user_id not in keep:
-            alert_resolve(user=alert.user, subject_key=alert.subject_key, now=now)
+    _resolve_cleared([K.WALLET_RUNWAY], keep, now)
     return fired
 
 

@@ -175,6 +175,22 @@ def test_spend_alerts_fire_at_50_and_80_percent_of_the_budget_once_each_and_star
     assert firing(user, "spend") == []
 
 
+def test_the_spend_pass_reads_every_projects_spend_in_the_same_queries_however_many_projects():
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    def queries(n: int) -> int:
+        Project.objects.filter(monthly_budget__isnull=False).update(monthly_budget=None)
+        for _ in range(n):
+            project = Project.objects.create(user=UserFactory(), name="p", monthly_budget=Decimal("100"))
+            _usage(project, "10", T0)  # under every threshold: no alert to open
+        with CaptureQueriesContext(connection) as ctx:
+            alerts._spend(at(5))
+        return len(ctx.captured_queries)
+
+    assert queries(1) == queries(4)
+
+
 def test_the_wallet_runway_alert_fires_under_24_hours_of_burn_and_resolves_after_a_top_up():
     fleet = Fleet()
     fleet.node("l4:1", price="1.00")
