@@ -9,6 +9,10 @@ import pytest
 
 # The real container engine and the test images, for tests/engine and the browser's workload flow.
 from tests.enginefix import busybox_image, engine, engine_node, engine_url, sshd_image  # noqa: F401
+from tests.mailserver import smtp_server
+# localstripe for the session (`fake_stripe`, `stripe_on`) and a local webhook receiver (`hook_url`).
+from tests.stripefake import fake_stripe, stripe_on  # noqa: F401
+from tests.webhookserver import hook_url  # noqa: F401
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -63,3 +67,22 @@ def _ledger_account_ids(request):
         from marketplace.money.ledger import forget_account_ids
 
         forget_account_ids()
+
+
+@pytest.fixture
+def fleet():
+    """Nodes whose simulated agents answer when a test plays them (tests/marketplace/marketsim.py)."""
+    from tests.marketplace.marketsim import Fleet
+
+    return Fleet()
+
+
+@pytest.fixture
+def smtp(settings):
+    """Django sends through its SMTP backend to a local SMTP server; the fixture is its mailbox."""
+    with smtp_server() as (box, port):
+        settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+        settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", port
+        settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
+        settings.EMAIL_HOST_USER = settings.EMAIL_HOST_PASSWORD = ""
+        yield box

@@ -13,13 +13,6 @@ from tests.factories import UserFactory
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def buyer(client):
-    user = UserFactory(username="ann")
-    client.force_login(user)
-    return user
-
-
 def test_the_bell_counts_my_firing_alerts_on_every_page_and_the_list_shows_them(client, buyer):
     alert_fire(user=buyer, kind="oom_risk", subject_key="a", title="Lease 1234abcd is close to running out",
                detail="It used 38 of 40 GB.", suggestion={"text": "7g.80gb for $6.48/h"})

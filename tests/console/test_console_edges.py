@@ -20,7 +20,6 @@ from marketplace.money import movements
 from marketplace.products import apikeys, orders, resale
 from marketplace.products.orders import OrderSpec
 from scheduler.models import Node
-from tests.console.test_market_pages import buyer, fleet  # noqa: F401 (fixtures: a signed-in buyer, a fleet)
 from tests.factories import UserFactory
 from tests.marketplace.marketsim import top_up, wallet
 

@@ -18,21 +18,9 @@ from marketplace.models import ApiKey, Lease, NotificationSettings, Order, Proje
 from marketplace.products import apikeys, orders, resale
 from marketplace.products.orders import OrderSpec
 from tests.factories import UserFactory
-from tests.marketplace.marketsim import Fleet, top_up, wallet
+from tests.marketplace.marketsim import top_up, wallet
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def fleet():
-    return Fleet()
-
-
-@pytest.fixture
-def buyer(client):
-    user = UserFactory(username="ann")
-    client.force_login(user)
-    return user
 
 
 def queries(client, url) -> tuple:

@@ -10,18 +10,13 @@ import pytest
 from marketplace.models import Lease, SshKey, Workload
 from scheduler.models import AgentCommand, Node
 from tests.factories import UserFactory
-from tests.marketplace.marketsim import Fleet, top_up
+from tests.marketplace.marketsim import top_up
 
 pytestmark = pytest.mark.django_db
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAII6cfA2OIurHs+dTu9c14p5yrmF52O2y728gRqx60jW4 buyer@laptop"
 ORDER = {"mode": "on_demand", "memory_gb": "10", "compute_slices": "1", "duration_hours": "1",
          "if_unavailable": "fail"}
-
-
-@pytest.fixture
-def fleet():
-    return Fleet()
 
 
 @pytest.fixture

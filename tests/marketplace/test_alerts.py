@@ -19,10 +19,9 @@ from marketplace.products.orders import OrderSpec
 from scheduler.errors import Conflict, DomainError
 from scheduler.models import Gpu, GpuMetricRollup
 from tests.factories import UserFactory
-from tests.accounts.conftest import smtp  # noqa: F401 (the local SMTP server fixture)
 from tests.mailserver import body
 from tests.marketplace.marketsim import Fleet, top_up
-from tests.marketplace.test_market_live import Hook, hook_url  # noqa: F401 (a local webhook receiver)
+from tests.webhookserver import Hook
 
 pytestmark = pytest.mark.django_db
 
@@ -245,7 +244,7 @@ def test_one_rule_per_kind_and_reach():
 
 
 def test_a_firing_alert_is_mailed_once_and_posted_to_the_webhook_firing_and_resolved(
-        lease, smtp, hook_url, django_capture_on_commit_callbacks):  # noqa: F811 (fixtures imported above)
+        lease, smtp, hook_url, django_capture_on_commit_callbacks):
     notifications.notification_settings_update(user=lease.buyer, webhook_url=hook_url)
     minutes(lease.slice.gpu_id, 0, 1, mem_gib=39)
     with django_capture_on_commit_callbacks(execute=True):
@@ -264,7 +263,7 @@ def test_a_firing_alert_is_mailed_once_and_posted_to_the_webhook_firing_and_reso
 
 
 def test_alerts_switched_off_on_the_account_post_nothing_and_a_rule_without_email_sends_none(
-        lease, smtp, hook_url, django_capture_on_commit_callbacks):  # noqa: F811 (fixtures imported above)
+        lease, smtp, hook_url, django_capture_on_commit_callbacks):
     notifications.notification_settings_update(user=lease.buyer, webhook_url=hook_url, alerts=False)
     alerts.rule_create(user=lease.buyer, kind="oom_risk", email=False)
     minutes(lease.slice.gpu_id, 0, 0, mem_gib=39)

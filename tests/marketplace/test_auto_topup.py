@@ -16,12 +16,10 @@ from marketplace.products import payments
 from scheduler.errors import Conflict, DomainError
 from tests.factories import UserFactory
 from tests.marketplace.marketsim import top_up, wallet
-from tests.marketplace.test_payments import DECLINED_CARD, fake_stripe, stripe_on  # noqa: F401 (fixtures)
+from tests.stripefake import DECLINED_CARD, GOOD_CARD
 
 # localstripe for the session and the settings pointing at it (test_payments.py's fixtures)
 pytestmark = [pytest.mark.django_db, pytest.mark.usefixtures("stripe_on")]
-
-GOOD_CARD = "4242424242424242"
 
 
 def with_card(user, card: str = GOOD_CARD, *, threshold: str = "10.00", amount: str = "25.00") -> AutoTopUp:

@@ -16,18 +16,13 @@ from marketplace.money import statements
 from marketplace.products import orders, projects, resale
 from marketplace.products.orders import OrderSpec
 from tests.factories import UserFactory, client_for
-from tests.marketplace.marketsim import Fleet, top_up
+from tests.marketplace.marketsim import top_up
 
 pytestmark = pytest.mark.django_db
 
 # An L4 at $2.00 base: on demand 1.8 x 2.00 = $3.60 an hour, so an order's first 10 minutes (MIN_PREPAID_SECONDS)
 # hold $0.60 of its project's budget.
 FIRST_TEN_MINUTES = Decimal("0.60")
-
-
-@pytest.fixture
-def fleet():
-    return Fleet()
 
 
 def project_of(user, budget: str | None, cap: str = "hard", name: str = "vision") -> Project:

@@ -16,14 +16,9 @@ from marketplace.money.check import ledger_check
 from marketplace.products import spot
 from scheduler.models import Node
 from tests.factories import UserFactory, client_for
-from tests.marketplace.marketsim import Fleet, top_up, wallet
+from tests.marketplace.marketsim import top_up, wallet
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def fleet():
-    return Fleet()
 
 
 

@@ -3,9 +3,7 @@ webhook that fails is logged and changes nothing."""
 from __future__ import annotations
 
 import json
-import threading
 from decimal import Decimal
-from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 from asgiref.sync import sync_to_async
@@ -18,34 +16,10 @@ from marketplace.models import Interruption, Lease
 from marketplace.products import orders
 from marketplace.products.orders import OrderSpec
 from tests.factories import UserFactory
+from tests.webhookserver import Hook
 from tests.marketplace.marketsim import Fleet, top_up
 
 pytestmark = [pytest.mark.django_db(transaction=True)]
-
-
-class Hook(BaseHTTPRequestHandler):
-    received: list = []
-
-    def do_POST(self):  # noqa: N802
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        Hook.received.append((self.headers["Content-Type"], json.loads(body)))
-        self.send_response(204)
-        self.end_headers()
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def hook_url(settings):
-    settings.WEBHOOKS_ALLOW_LOOPBACK = True  # a loopback webhook is allowed only in the demo (SSRF guard otherwise)
-    server = HTTPServer(("127.0.0.1", 0), Hook)
-    Hook.received = []
-    t = threading.Thread(target=server.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/hook"
-    server.shutdown()
-    server.server_close()
 
 
 async def next_market_event(comm, kind: str) -> dict:

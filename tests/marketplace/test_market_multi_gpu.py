@@ -10,14 +10,9 @@ from marketplace.models import Lease, Order
 from marketplace.money.check import ledger_check
 from scheduler.models import Slice
 from tests.factories import UserFactory, client_for
-from tests.marketplace.marketsim import Fleet, top_up
+from tests.marketplace.marketsim import top_up
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def fleet():
-    return Fleet()
 
 
 

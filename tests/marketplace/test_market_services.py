@@ -18,14 +18,9 @@ from marketplace.products.orders import OrderSpec
 from scheduler.errors import Conflict, DomainError
 from scheduler.models import AgentCommand, Slice
 from tests.factories import UserFactory
-from tests.marketplace.marketsim import Fleet, beat, top_up, wallet
+from tests.marketplace.marketsim import beat, top_up, wallet
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def fleet():
-    return Fleet()
 
 
 def running_lease(fleet, buyer, **spec) -> Lease:

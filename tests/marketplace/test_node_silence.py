@@ -20,7 +20,7 @@ from marketplace.products.orders import OrderSpec
 from scheduler.models import Node
 from scheduler.services import nodes as node_services
 from tests.factories import UserFactory
-from tests.marketplace.marketsim import Fleet, top_up, wallet
+from tests.marketplace.marketsim import top_up, wallet
 
 pytestmark = pytest.mark.django_db
 TIMEOUT, GRACE = 10, 60
@@ -30,11 +30,6 @@ TIMEOUT, GRACE = 10, 60
 def fleet_timing(settings):
     settings.FLEET = {**settings.FLEET, "HEARTBEAT_TIMEOUT_SECONDS": TIMEOUT, "OFFLINE_LEASE_GRACE_SECONDS": GRACE,
                       "OFFLINE_MASS_SHARE": 0.5}
-
-
-@pytest.fixture
-def fleet():
-    return Fleet()
 
 
 def _running(fleet, buyer) -> Lease:

@@ -17,14 +17,9 @@ from scheduler.models import Gpu, HealthEvent, Node
 from scheduler.services import health as health_services
 from scheduler.services.reliability import reliability_recompute
 from tests.factories import UserFactory, client_for
-from tests.marketplace.marketsim import Fleet, top_up
+from tests.marketplace.marketsim import top_up
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture
-def fleet():
-    return Fleet()
 
 
 

@@ -22,11 +22,6 @@ from tests.marketplace.marketsim import Fleet, earnings, top_up, wallet
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def fleet():
-    return Fleet()
-
-
 def book(buyer, *, hours_ahead: float, hours: float = 2, now=None) -> Reservation:
     now = now or timezone.now()
     start = (now + timedelta(hours=hours_ahead)).replace(second=0, microsecond=0)

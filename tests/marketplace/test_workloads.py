@@ -20,16 +20,11 @@ from marketplace.products.workloads import WorkloadSpec, ssh_fingerprint, ssh_ke
 from scheduler.errors import Conflict, DomainError
 from scheduler.models import AgentCommand, Node, Slice
 from tests.factories import UserFactory
-from tests.marketplace.marketsim import Fleet, top_up, wallet
+from tests.marketplace.marketsim import top_up, wallet
 
 pytestmark = pytest.mark.django_db
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAII6cfA2OIurHs+dTu9c14p5yrmF52O2y728gRqx60jW4 buyer@laptop"
-
-
-@pytest.fixture
-def fleet():
-    return Fleet()
 
 
 def place(buyer, workload: WorkloadSpec | None, **spec) -> Order:

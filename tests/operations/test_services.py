@@ -16,15 +16,10 @@ from marketplace.products.orders import OrderSpec
 from scheduler.errors import Conflict, DomainError
 from scheduler.models import GpuMetricRollup
 from tests.factories import UserFactory
-from tests.marketplace.marketsim import Fleet, top_up, wallet
+from tests.marketplace.marketsim import top_up, wallet
 
 pytestmark = pytest.mark.django_db
 M = timedelta(minutes=1)
-
-
-@pytest.fixture
-def fleet():
-    return Fleet()
 
 
 def minute_of(t):
