@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import ROUND_CEILING, Decimal
 
-from django.db.models import Avg, Count, Q
+from django.db.models import Avg, Count, Min, Q
 from django.utils import timezone
 
 from marketplace.amounts import cents, micro
@@ -175,9 +175,9 @@ def _interruptions_per_hour(*, model: str, since: datetime, now: datetime) -> De
 
 def _unit_base(model: str) -> Decimal:
     """The cheapest online provider's base price for a whole GPU of `model` (the default $2 without one)."""
-    prices = sorted(Node.objects.filter(status=Node.Status.ONLINE, gpus__gpu_model__key=model)
-                    .values_list("price_per_gpu_hour", flat=True))
-    return Decimal(prices[0]) if prices else Decimal("2.00")
+    cheapest = (Node.objects.filter(status=Node.Status.ONLINE, gpus__gpu_model__key=model)
+                .aggregate(p=Min("price_per_gpu_hour"))["p"])
+    return Decimal(cheapest) if cheapest is not None else Decimal("2.00")
 
 
 def _own_usage(*, buyer, since: datetime, now: datetime) -> dict:
