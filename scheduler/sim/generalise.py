@@ -2,6 +2,8 @@
 
     python -m scheduler.sim.generalise --tune      # pick the fixed packing factor and the mix gain on TUNE_ON
     python -m scheduler.sim.generalise             # best-fit vs ours (fixed, adaptive) on REPORT_ON
+    python -m scheduler.sim.generalise --attribute # which kind of request ours loses on (diagnosis only)
+    python -m scheduler.sim.generalise --cases share85,modern-b --limit 3000   # only these cases
 
 Two ways for ours to weigh packing against price are compared, each with one number tuned on TUNE_ON only:
 - fixed: the base weights with packing × `FIXED_PACKING` (one weighting for every workload);
@@ -96,6 +98,45 @@ def fixed_and_adaptive(*, packing: float = FIXED_PACKING, gain: float = MIX_GAIN
             "ours-adaptive": ours(gain=gain)}
 
 
+REQUEST_KINDS = ("whole", "multi", "slice")
+
+
+def request_kind(request) -> str:
+    """whole (one whole GPU), multi (k whole GPUs on one node) or slice (part of one GPU)."""
+    if request.gpu_count > 1:
+        return "multi"
+    return "whole" if request.wants_whole else "slice"
+
+
+class KindSplit:
+    """Ours, except that requests of one kind take the GPUs best-fit would give them (both on one pool): a
+    diagnosis of which kind of decision ours loses on, not a policy anyone ships."""
+
+    def __init__(self, pool, kind: str) -> None:
+        from scheduler.core.baselines import BestFit
+        from scheduler.core.engine import Scheduler
+
+        self.kind = kind
+        self.ours = Scheduler(pool, mode="fast")
+        self.best_fit = BestFit(pool)
+
+    def decide(self, request, *, allow_preemption: bool = False):
+        policy = self.best_fit if request_kind(request) == self.kind else self.ours
+        return policy.decide(request, allow_preemption=allow_preemption)
+
+
+def attribution() -> dict[str, PolicyFactory]:
+    """best-fit, ours, and ours with best-fit's choice for each kind of request in turn."""
+    from scheduler.core.engine import Pool
+
+    def split(kind: str) -> PolicyFactory:
+        def make(nodes):
+            pool = Pool(nodes)
+            return pool, NoPreemption(KindSplit(pool, kind))
+        return make
+    return {"best-fit": factory("best-fit"), "ours": ours(), **{f"bf-{k}": split(k) for k in REQUEST_KINDS}}
+
+
 def run_case(case: Case, load: float, policies: dict[str, PolicyFactory], *, limit: int | None,
              trace_dir: Path = DEFAULT_TRACE_DIR) -> dict[str, Any]:
     prepared = prepare(case.config(load=load, limit=limit, trace_dir=trace_dir))
@@ -179,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scheduler.sim.generalise", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--tune", action="store_true", help="score every candidate on TUNE_ON (slow)")
+    ap.add_argument("--attribute", action="store_true",
+                    help="ours with best-fit's choice for one kind of request (whole, multi, slice) at a time")
+    ap.add_argument("--cases", default=None,
+                    help="comma-separated case names (TUNE_ON and REPORT_ON) instead of REPORT_ON")
     ap.add_argument("--limit", type=int, default=None, help="replay only the first N rows of each trace")
     args = ap.parse_args(argv)
     t0 = time.perf_counter()
@@ -188,9 +233,17 @@ def main(argv: list[str] | None = None) -> int:
         print("total loss: " + ", ".join(f"{k} {v:.3f}" for k, v in result["loss"].items()))
         print(f"best fixed: {result['fixed']}; best adaptive: {result['adaptive']}")
     else:
+        cases = REPORT_ON
+        if args.cases:
+            known = {c.name: c for c in TUNE_ON + REPORT_ON}
+            unknown = [n for n in args.cases.split(",") if n not in known]
+            if unknown:
+                ap.error(f"unknown case {', '.join(unknown)}; known: {', '.join(known)}")
+            cases = tuple(known[n] for n in args.cases.split(","))
         print("\n".join(cases_text("tuned on (not reported):", TUNE_ON)))
-        print("\n".join(cases_text("reported on (never tuned on):", REPORT_ON)))
-        runs = [run_case(c, load, fixed_and_adaptive(), limit=args.limit) for c in REPORT_ON for load in LOADS]
+        print("\n".join(cases_text("reported on:", cases)))
+        policies = attribution if args.attribute else fixed_and_adaptive
+        runs = [run_case(c, load, policies(), limit=args.limit) for c in cases for load in LOADS]
         print("\n".join(report_lines(runs)))
         print("\n".join(summary_lines(runs)))
     print(f"{time.perf_counter() - t0:.0f}s wall clock")

@@ -54,3 +54,26 @@ def test_a_case_runs_every_policy_beside_the_bound():
         assert 0 < s["allocation"] <= run["bound"] + 1e-9
     lines = G.report_lines([run])
     assert len(lines) == 2 + 4 and "tiny" in lines[2]
+
+
+def test_requests_are_split_into_the_three_kinds_the_attribution_swaps():
+    from scheduler.core.model import Request
+    assert G.request_kind(Request(memory_gb=80, whole_gpu=True)) == "whole"
+    assert G.request_kind(Request(memory_gb=80, whole_gpu=True, gpu_count=4)) == "multi"
+    assert G.request_kind(Request(memory_gb=10)) == "slice"
+
+
+@pytest.mark.skipif(not (DEFAULT_TRACE_DIR / DEFAULT_TRACE).exists(), reason="openb traces not present")
+def test_handing_every_kind_to_best_fit_in_turn_runs_beside_both():
+    case = G.Case("tiny", variant=PodVariant(share=0.5, multi=0.2, seed=1), nodes_variant=NodeVariant(gpus=24, seed=1))
+    run = G.run_case(case, 8.0, G.attribution(), limit=300)
+    assert set(run["policies"]) == {"best-fit", "ours", "bf-whole", "bf-multi", "bf-slice"}
+    for s in run["policies"].values():
+        assert 0 < s["allocation"] <= run["bound"] + 1e-9
+
+
+def test_an_unknown_case_name_is_refused_with_the_known_ones(capsys):
+    with pytest.raises(SystemExit):
+        G.main(["--cases", "share85,nope"])
+    err = capsys.readouterr().err
+    assert "unknown case nope" in err and "share85" in err
