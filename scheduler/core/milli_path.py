@@ -8,9 +8,10 @@ order by the lease) stands for it; its GPUs that pass the filters make one optio
 FGD's Δfrag of the node), scored by the same scorers as every other option; the best wins. Ties go to
 the GPU model more of the workload may use (with a workload: pods pinned to a model have fewer places to
 go; on gpuspec33 the engine missed FGD by 0.8 point without it), then to `spread` (a hash of the lease and
-node), not the lower pool index: with FGD's integer points many nodes tie,
-and taking the first each time packs one end of the pool, which loses about half a point of allocation on
-the openb lists. Fast and exhaustive modes search alike here: the index holds exactly the nodes that fit.
+node, drawn so that each tied node is as likely as another, whatever state it shares), not the lower pool
+index: with FGD's integer points many nodes tie, and taking the first each time packs one end of the pool,
+which loses about half a point of allocation on the openb lists. Scores are compared rounded to 1e-9, so
+that float rounding in the sum of terms never stands in for the tie rule. Fast and exhaustive modes search alike here: the index holds exactly the nodes that fit.
 """
 from __future__ import annotations
 
@@ -60,17 +61,23 @@ class MilliSearch:
                 if opt is None:
                     continue
                 considered += len(passed)
-                s = self.value(opt, request, weights)  # type: ignore[attr-defined]
+                # rounded: scores equal but for float rounding (a price per PU computed per model) must tie, or
+                # the rounding, not the tie rule, picks the model
+                s = round(self.value(opt, request, weights), 9)  # type: ignore[attr-defined]
                 # ties: the model more of the workload may use (pinned pods have fewer places), then spread
                 tie = (-frag.mix.access_share(opt.gpus[0].model) if frag is not None else 0.0,
-                       spread(request, node_id))
+                       spread(request, node_id, len(order)))
                 if best is None or s > best[0] or (s == best[0] and tie < best[2]):
                     best = (s, opt, tie)
                 break
         return (best[1] if best else None), considered
 
 
-def spread(request: Request, node_id: str) -> int:
-    """The tie-break among equal scores: a hash of the lease and the node, so that ties spread over the nodes
-    (as FGD's coin does) while a decision stays a function of the request and the pool."""
-    return zlib.crc32(f"{request.lease_id}:{node_id}".encode())
+def spread(request: Request, node_id: str, nodes: int = 1) -> float:
+    """The tie-break among equal scores, least first: for `node_id` standing for a state of `nodes` nodes, the
+    least of that many uniform draws, from one draw (a hash of the lease and the node) by inverse transform. So
+    ties spread over the nodes evenly, as FGD's coin does, not over states: a state of 100 idle nodes is 100 times
+    as likely as a lone half-used node (an even draw among states put shares on the rarer, partly used states
+    and cost 0.6 point of allocation on gpuspec33), while a decision stays a function of the request and pool."""
+    u = (zlib.crc32(f"{request.lease_id}:{node_id}".encode()) + 0.5) / 2 ** 32
+    return 1.0 - (1.0 - u) ** (1.0 / nodes)

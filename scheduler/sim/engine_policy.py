@@ -6,7 +6,7 @@ A GPU pod becomes an engine `Request` (a share: `gpu_milli`; several GPUs: `gpu_
 scorers and weights; the pool scores packing by FGD's fragmentation with the pod list's workload
 (`Pool.use_workload`). The engine sells GPUs, so a pod that asks no GPU (13% of each openb list) is put by
 this adapter on the node whose fragmentation grows least (FGD's rule and integer points, the same measure;
-ties spread by a hash of the pod's number and the node, as the engine's)
+ties as the engine's: the model more of the workload may use, then a hash of the pod's number and the node)
 and held on the pool with `Pool.hold_host`. Every placement is mirrored on the protocol's `FractionalCluster`,
 which keeps the allocation the protocol records and refuses anything over capacity a second time.
 
@@ -105,7 +105,10 @@ class EnginePolicy:
             deltas[j] = d
         self.count += 1
         best = feas[deltas == deltas.max()]
-        i = int(min(best, key=lambda n: zlib.crc32(f"c{self.count}:{n}".encode())))
+        # ties as the engine's (milli_path): the model more of the workload may use, then a hash
+        access = frag.mix.access_share
+        i = int(min(best, key=lambda n: (-access(self.labels[c.nodes[n].model]),
+                                         zlib.crc32(f"c{self.count}:{n}".encode()))))
         self.pool.hold_host(c.nodes[i].id, pod.cpu_milli, pod.memory_mib)
         c.allocate(i, pod, [])
         return True

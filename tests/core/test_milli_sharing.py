@@ -208,3 +208,29 @@ def test_ties_go_first_to_the_model_more_of_the_workload_may_use():
     pool.set_node("n0", price_per_gpu_hour=2.0 * pool.pu("l40s", None) / pool.pu("t4", None))  # equal price per PU
     s = Scheduler(pool)
     assert {s.decide(Request(gpu_milli=500, lease_id=f"l{i}")).placements[0].node_id for i in range(12)} == {"n1"}
+
+
+def test_ties_spread_over_nodes_not_over_node_states():
+    # nine idle 8-core nodes are one state, a lone 16-core node another; CPU binds no pod, so a share scores
+    # alike on all ten. FGD's coin puts about one share in ten on the lone node; an even draw between the two
+    # states would put half there (on the openb lists that favours rare, partly used states)
+    mix = WorkloadMix([FracPod(cpu_milli=0, memory_mib=0, num_gpu=1, gpu_milli=500)])
+    pool = Pool([node(i, 1) for i in range(9)] + [node(9, 1, cpu=16000)])
+    pool.use_workload(mix)
+    s = Scheduler(pool)
+    lone = sum(s.decide(Request(gpu_milli=500, lease_id=f"l{i}")).placements[0].node_id == "n9" for i in range(400))
+    assert 20 <= lone <= 60  # 40 expected
+
+
+def test_scores_equal_but_for_float_rounding_tie():
+    # each node priced per PU as the inflation protocol does: l20's price per PU comes out one float ulp above
+    # p100's, which must not outrank the tie rule (p100 is the model more of the workload may use)
+    half = FracPod(cpu_milli=0, memory_mib=0, num_gpu=1, gpu_milli=500)
+    pinned = FracPod(cpu_milli=0, memory_mib=0, num_gpu=1, gpu_milli=500, models=frozenset({"p100"}))
+    pool = Pool([node(0, 1, model="l20"), node(1, 1, model="p100")])
+    pool.use_workload(WorkloadMix([half] * 49 + [pinned]))
+    ref = pool.pu("a100-80gb", None)
+    for n, model in (("n0", "l20"), ("n1", "p100")):
+        pool.set_node(n, price_per_gpu_hour=2.0 * pool.pu(model, None) / ref)
+    s = Scheduler(pool)
+    assert {s.decide(Request(gpu_milli=500, lease_id=f"l{i}")).placements[0].node_id for i in range(12)} == {"n1"}
