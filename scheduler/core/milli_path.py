@@ -11,7 +11,8 @@ go; on gpuspec33 the engine missed FGD by 0.8 point without it), then to `spread
 node, drawn so that each tied node is as likely as another, whatever state it shares), not the lower pool
 index: with FGD's integer points many nodes tie, and taking the first each time packs one end of the pool,
 which loses about half a point of allocation on the openb lists. Scores are compared rounded to 1e-9, so
-that float rounding in the sum of terms never stands in for the tie rule. Fast and exhaustive modes search alike here: the index holds exactly the nodes that fit.
+that float rounding in the sum of terms never stands in for the tie rule. Fast and exhaustive modes search
+alike here: the index holds exactly the nodes that fit.
 """
 from __future__ import annotations
 
