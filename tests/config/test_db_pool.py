@@ -92,7 +92,11 @@ def test_a_burst_beyond_the_pool_gets_503s_with_retry_after_and_every_connection
         # Back to the pool: as many requests again, one after another, each gets a connection; the server holds
         # no more than the pool's size.
         assert [_get(stack, "/api/v1/nodes/")[0] for _ in range(BURST)] == [200] * BURST
+        # The last answer reaches the client before its connection goes back to the pool (and its transaction
+        # ends): wait for that, then every connection is idle and there are no more than the pool's.
         with psycopg.connect(pool_database, autocommit=True) as watcher:
+            wait_until(lambda: all(state == "idle" for state, _ in _web_connections(watcher, database)),
+                       timeout=15, what="the web process's connections to go back to the pool")
             held = _web_connections(watcher, database)
         assert len(held) <= POOL_MAX and all(state == "idle" for state, _ in held), held
     finally:

@@ -29,9 +29,9 @@ def project_of(user, budget: str | None, cap: str = "hard", name: str = "vision"
     return projects.project_create(user=user, name=name, monthly_budget=budget, budget_cap=cap)
 
 
-def on_demand(buyer, project, **kw) -> Order:
-    return orders.order_place(buyer=buyer, spec=OrderSpec(mode="on_demand", gpu_models=["l4"], project_id=project.pk,
-                                                          **kw))
+def on_demand(buyer, project, now=None, **kw) -> Order:
+    return orders.order_place(buyer=buyer, now=now, spec=OrderSpec(mode="on_demand", gpu_models=["l4"],
+                                                                   project_id=project.pk, **kw))
 
 
 
@@ -93,8 +93,9 @@ def test_each_running_lease_holds_its_next_minutes_so_a_second_order_is_refused(
     buyer = UserFactory()
     top_up(buyer, "100")
     project = project_of(buyer, "1.00")
-    assert on_demand(buyer, project).state == Order.State.PLACED
-    state = budgets.budget_state(project=project, now=timezone.now())
+    now = timezone.now()  # one instant: a lease owes from its placement, so a later reading holds a second more
+    assert on_demand(buyer, project, now=now).state == Order.State.PLACED
+    state = budgets.budget_state(project=project, now=now)
     assert (state.spent, state.held, state.left) == (0, FIRST_TEN_MINUTES, Decimal("0.40"))
     with pytest.raises(budgets.OverBudget, match=r"has \$0.40 left of its \$1.00 monthly budget"):
         on_demand(buyer, project)
