@@ -86,6 +86,7 @@ print("CLIENT" + json.dumps({"offers": offers.count, "unit": unit.id, "price": s
 """
 
 
+@pytest.mark.timeout(900)  # generating and installing the client runs subprocesses: slow on a loaded machine
 def test_a_client_generated_from_the_live_schema_lists_offers_places_an_order_and_reads_the_lease(stack, seeded,
                                                                                                   tmp_path):
     config = tmp_path / "client.json"
