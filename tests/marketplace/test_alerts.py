@@ -137,12 +137,30 @@ def test_an_overheating_gpu_alerts_its_provider_and_the_buyer_on_it_and_resolves
     assert Alert.objects.get(user=provider).resolved_at == at(2)
 
 
-def test_a_gpu_the_health_check_cordoned_for_an_xid_alerts_its_provider(lease):
+def test_a_gpu_the_health_check_cordoned_for_an_xid_alerts_its_provider_and_the_buyer_on_it(lease):
     Gpu.objects.filter(pk=lease.slice.gpu_id).update(health="cordoned", cordoned_by="health",
                                                      health_reason="XID 79 (health check)")
     alerts.alerts_evaluate(now=at(1))
     [alert] = firing(lease.slice.gpu.node.provider, "gpu_health")
     assert "XID 79" in alert.title
+    [buyers] = firing(lease.buyer, "gpu_health")
+    assert buyers.lease_id == lease.pk and "XID 79" in buyers.title
+
+
+def test_a_minute_drawing_over_the_power_threshold_alerts_and_one_under_it_does_not(lease, settings):
+    gpu = lease.slice.gpu
+    tdp = gpu.gpu_model.tdp_w
+    share = settings.FLEET["POWER_CORDON_SHARE"]
+    minutes(gpu.pk, 0, 0, power=share * tdp - 1)  # under the threshold for the whole minute
+    alerts.alerts_evaluate(now=at(1))
+    assert firing(gpu.node.provider, "gpu_health") == []
+    minutes(gpu.pk, 1, 1, power=share * tdp + 5)
+    alerts.alerts_evaluate(now=at(2))
+    [mine] = firing(gpu.node.provider, "gpu_health")
+    assert "power" in mine.title and firing(lease.buyer, "gpu_health")[0].lease_id == lease.pk
+    minutes(gpu.pk, 2, 2, power=tdp * 0.5)
+    alerts.alerts_evaluate(now=at(3))
+    assert firing(gpu.node.provider, "gpu_health") == [] and firing(lease.buyer, "gpu_health") == []
 
 
 def _usage(project, amount, minute):

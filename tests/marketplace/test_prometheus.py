@@ -25,7 +25,7 @@ from marketplace.models import Lease, Order, SpotPrice
 from marketplace.products import orders
 from marketplace.products.orders import OrderSpec
 from scheduler.models import Gpu, GpuMetricLatest, Node
-from tests.factories import UserFactory
+from tests.factories import UserFactory, node_with_token
 from tests.marketplace.marketsim import Fleet, top_up
 
 pytestmark = pytest.mark.django_db
@@ -125,6 +125,43 @@ def test_market_counters_count_orders_leases_latency_spot_prices_and_postings(cl
     postings = {s.labels["kind"]: s.value for s in fams["gpumarket_ledger_postings"].samples}
     assert postings["topup"] == 1
     assert fams["gpumarket_agent_sockets"].samples[0].value == 1  # the one node whose agent said hello
+
+
+def test_mig_instances_ingest_rate_and_agent_sockets_are_exported_with_their_values(client, settings):
+    """A leased MIG slice is an info series with dcgm-exporter's GPU_I_PROFILE label (and its start and MIG UUID);
+    the ingest rate is the last complete minute's samples per second; sockets opened count every accepted
+    agent socket."""
+    from scheduler.models import GpuMetricRollup, Slice
+    from scheduler.services import nodes as node_services
+
+    settings.METRICS_TOKEN = TOKEN
+    fleet = Fleet()
+    node = fleet.node("a100-80gb:1")
+    buyer = UserFactory()
+    top_up(buyer, "100")
+    orders.order_place(buyer=buyer, spec=OrderSpec(mode="on_demand", gpu_models=["a100-80gb"], memory_gb=10))
+    fleet.play()
+    carved = Slice.objects.get(gpu__node=node, state=Slice.State.READY)
+    assert carved.profile == "1g.10gb" and carved.instance_uuid
+    gpu = node.gpus.get()
+    minute = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=1)
+    GpuMetricRollup.objects.create(gpu=gpu, minute=minute, samples=120, util_avg=40.0)
+    GpuMetricRollup.objects.create(gpu=gpu, minute=minute - timedelta(minutes=1), samples=999, util_avg=40.0)
+    _, token = node_with_token(provider=UserFactory())
+    opened_before = sum(Node.objects.values_list("agent_sockets_opened", flat=True))
+    for _ in range(3):
+        assert node_services.node_agent_connect(token=token) is not None
+
+    fams = families(scrape(client))
+    [mig] = fams["gpumarket_mig_instance_info"].samples
+    assert mig.value == 1.0
+    assert mig.labels == {"gpu": "0", "UUID": gpu.uuid, "Hostname": node.hostname or node.name,
+                          "GPU_I_PROFILE": "1g.10gb", "GPU_I_START": str(carved.start),
+                          "MIG_UUID": carved.instance_uuid, "state": "ready"}
+    [ingest] = fams["gpumarket_metrics_ingest_samples_per_second"].samples
+    assert ingest.value == 2.0  # 120 samples in the last complete minute; the minute before is not counted
+    [opened] = [s for s in fams["gpumarket_agent_sockets_opened"].samples if s.name.endswith("_total")]
+    assert opened.value == opened_before + 3
 
 
 def test_the_scrape_reads_in_a_constant_number_of_queries(client, settings, django_assert_max_num_queries):
