@@ -25,7 +25,7 @@ from decimal import ROUND_HALF_UP, Decimal
 from django.conf import settings
 from django.db import transaction
 
-from marketplace.amounts import MICRO, ZERO, money
+from marketplace.amounts import MICRO, ZERO, money, usd
 from marketplace.models import Account, LedgerTransaction
 from scheduler.errors import DomainError
 
@@ -199,7 +199,7 @@ def credit(*, user, amount: Decimal, idempotency_key: str, memo: str, source: st
 def topup(*, user, amount: Decimal, intent_id: str) -> LedgerTransaction:
     """A succeeded Stripe PaymentIntent credits the wallet, once per intent."""
     amount = _positive(amount)
-    return ledger.post(kind="topup", memo=f"top-up {amount} USD via Stripe {intent_id}",
+    return ledger.post(kind="topup", memo=f"top-up of {usd(amount)} via Stripe {intent_id}",
                        idempotency_key=f"stripe:pi:{intent_id}",
                        lines=[(CLEARING, -amount), (key_of(user=user, kind="wallet"), amount)])
 

@@ -32,7 +32,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import Min, OuterRef, Q, Subquery
 from django.utils import timezone
 
-from marketplace.amounts import CENT, ZERO, money
+from marketplace.amounts import CENT, ZERO, money, usd
 from marketplace.models import Account, LedgerEntry, Payout, Reservation
 from scheduler.errors import Conflict, DomainError, NotFound
 
@@ -229,7 +229,7 @@ def payout_approve(*, payout_id, by, destination: str, now: datetime | None = No
                            f"is payable now (refunds since the request took the rest): reject this request.",
                            code="exceeds_payable", details={"payable": str(available)})
         movements.payout(provider=payout.provider_id, amount=payout.amount, payout_id=payout.pk,
-                         memo=f"{_short(payout)} approved: {payout.amount} USD on its way")
+                         memo=f"{_short(payout)} approved: {usd(payout.amount)} on its way")
         payout.state, payout.decided_by, payout.decided_at, payout.destination = State.APPROVED, by, now, destination
         payout.save(update_fields=["state", "decided_by", "decided_at", "destination", "updated_at"])
     return payout
@@ -288,7 +288,7 @@ def transfer_reversed(*, transfer_id: str, reversed_cents: int, now: datetime | 
             return payout
         movements.payout_return(provider=payout.provider_id, amount=missing, sent=True,
                                 idempotency_key=f"payout:{payout.pk}:reversed:{total}",
-                                memo=f"{_short(payout)}: Stripe reversed {missing} USD of transfer {transfer_id}")
+                                memo=f"{_short(payout)}: Stripe reversed {usd(missing)} of transfer {transfer_id}")
         payout.reversed_amount = total
         fields = ["reversed_amount", "updated_at"]
         if total == payout.amount:

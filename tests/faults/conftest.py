@@ -1,7 +1,8 @@
 """One production-layout stack for the whole fault suite (tests/e2e/cluster.py): 2 uvicorn processes, 2 Celery
 workers and beat on PostgreSQL + its own Redis, agents spread over both web processes, a buyer with credit.
 
-Fault tests share it (session scope: one stack, started once): each injects its fault, lets the stack recover,
+Fault tests share it (package scope: one stack, started once and stopped after the last fault test, so that its
+beat and workers do not load the rest of the suite): each injects its fault, lets the stack recover,
 puts back what it broke (restarts what it killed) and ends with `assert_invariants(cluster)`."""
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ NODES = [("f-h100-a", "h100-80gb:2"), ("f-a100-b", "a100-80gb:2"), ("f-l4-a", "l
 AGENT_WEB = {"f-h100-a": 0, "f-a100-b": 1, "f-l4-a": 0, "f-l4-b": 1}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fault_cluster(tmp_path_factory):
     # The production heartbeat timeout (15 s), not the e2e tests' 5 s: a fault of the platform's own parts (killed
     # database connections drop agent sockets for a few seconds) must not look like nodes dying.
@@ -23,14 +24,14 @@ def fault_cluster(tmp_path_factory):
                                agent_web=AGENT_WEB, agent_interval=0.5, env={"FLEET_HEARTBEAT_TIMEOUT": "15"})
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def cluster(fault_cluster):
     """The stack with every agent online (asked of both web processes)."""
     wait_for_online(fault_cluster)
     return fault_cluster
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def buyer(cluster) -> dict:
     return cluster.add_buyers(["fault-buyer"], credit="100000")[0]
 

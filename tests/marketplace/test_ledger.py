@@ -37,6 +37,12 @@ class TestPost:
         assert ledger.balance(account=ledger.account_for(user=provider, kind="earnings")) == D("3")
         assert ledger_check() == []
 
+    def test_a_stripe_top_up_reads_in_the_consoles_money_in_the_ledger(self):
+        buyer = UserFactory()
+        txn = movements.topup(user=buyer, amount=D("20.000000"), intent_id="pi_123")
+        assert txn.memo == "top-up of $20.00 via Stripe pi_123"
+        assert ledger.wallet_balance(user=buyer) == D("20")
+
     def test_the_same_idempotency_key_twice_posts_one_transaction(self):
         buyer = UserFactory()
         first = topup(buyer, "5", key="same")
