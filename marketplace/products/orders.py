@@ -36,6 +36,7 @@ from scheduler.core.model import Decision
 from scheduler.errors import Conflict, DomainError, NotFound
 from scheduler.models import GpuModel
 from scheduler.services.allocation import Snapshot, allocate, decide
+from scheduler.services.transactions import retry_transient
 
 from . import reservations, resale, spot
 from .workloads import WorkloadSpec, workload_resolve
@@ -174,13 +175,24 @@ def order_place(*, buyer, spec: OrderSpec, now: datetime | None = None) -> Order
     _check(spec, now)
     project = _project(buyer=buyer, project_id=spec.project_id)
     workload = workload_resolve(spec.workload) if spec.workload is not None else None
+    # One transaction, run again whole if PostgreSQL aborts it to undo a deadlock (orders, agents' replies and
+    # metering lock GPUs, nodes and wallets): the buyer gets the placement, not a 503.
     if spec.mode == Mode.RESALE:
-        with transaction.atomic():
-            cap = budgets.cap_lock(project_id=project.pk if project else None, now=now)
-            order = resale.listing_purchase(buyer=buyer, listing_id=spec.listing_id, now=now, project=project,
-                                            workload=workload).order
-            budgets.cap_check(before=cap, now=now)
-        return order
+        return retry_transient(lambda: _buy_listing(buyer=buyer, spec=spec, project=project, workload=workload,
+                                                    now=now))
+    return retry_transient(lambda: _place_new(buyer=buyer, spec=spec, project=project, workload=workload, now=now))
+
+
+def _buy_listing(*, buyer, spec: OrderSpec, project, workload, now: datetime) -> Order:
+    with transaction.atomic():
+        cap = budgets.cap_lock(project_id=project.pk if project else None, now=now)
+        order = resale.listing_purchase(buyer=buyer, listing_id=spec.listing_id, now=now, project=project,
+                                        workload=workload).order
+        budgets.cap_check(before=cap, now=now)
+    return order
+
+
+def _place_new(*, buyer, spec: OrderSpec, project, workload, now: datetime) -> Order:
     with transaction.atomic():
         order = _order(buyer=buyer, spec=spec, project=project)
         order.save()

@@ -218,7 +218,7 @@ def _upsert_sql(table: str, columns: tuple[str, ...], key: tuple[str, ...], qn, 
 
 
 def _write(latest: dict, rollups: dict, heard: dict) -> None:
-    """Write one flush: upsert latest samples and rollups, stamp heartbeats. One transaction.
+    """Write one flush: upsert latest samples and rollups in one transaction, then stamp heartbeats.
 
     Plain executemany instead of the ORM's bulk_create: at thousands of rows per flush the ORM spends
     most of the time compiling SQL per row, holding the GIL the websocket loop needs.
@@ -231,13 +231,16 @@ def _write(latest: dict, rollups: dict, heard: dict) -> None:
     close_old_connections()
     qn, dt = connection.ops.quote_name, connection.ops.adapt_datetimefield_value
     with transaction.atomic():
-        # GPUs may have been deleted since their samples arrived: write only those that still exist.
-        alive = set(Gpu.objects.filter(pk__in=set(latest) | {k[0] for k in rollups}).values_list("pk", flat=True))
+        # GPUs may have been deleted since their samples arrived: write only those that still exist. On PostgreSQL
+        # their rows are key-share locked here, all at once in id order, and the rows below are written in that
+        # order: an insert's foreign-key check takes the same lock row by row, and taken in the samples' order it
+        # closed lock cycles with orders and agents' replies, which lock GPUs in id order (a deadlock aborted one).
+        alive = _gpus_locked(Gpu, set(latest) | {k[0] for k in rollups}, connection)
         latest_rows = [(gid, dt(_dt(ts)), s.get("util"), s.get("mem_used_mib"), s.get("mem_total_mib"),
                         s.get("temp_c"), s.get("power_w"), s.get("sm_clock_mhz"), s.get("ecc_sbe"), s.get("ecc_dbe"))
-                       for gid, (ts, s) in latest.items() if gid in alive]
+                       for gid, (ts, s) in sorted(latest.items()) if gid in alive]
         rollup_rows = []
-        for (gid, minute), agg in rollups.items():
+        for (gid, minute), agg in sorted(rollups.items(), key=lambda item: item[0]):
             if gid not in alive:
                 continue
             row = [gid, dt(_dt(minute)), agg.n]
@@ -253,8 +256,19 @@ def _write(latest: dict, rollups: dict, heard: dict) -> None:
             if rollup_rows:
                 cursor.executemany(_upsert_sql(GpuMetricRollup._meta.db_table, ROLLUP_COLUMNS,
                                                ("gpu_id", "minute"), qn, how=_merge), rollup_rows)
-        if heard:
-            nodes_heartbeat(node_ids=heard.keys(), at=_dt(max(heard.values())))
+    if heard:  # its own transaction: a node's row is not held while the samples are written
+        nodes_heartbeat(node_ids=sorted(heard), at=_dt(max(heard.values())))
+
+
+def _gpus_locked(Gpu, ids: set, connection) -> set:
+    """Which of `ids` are GPUs that exist, their rows key-share locked in id order on PostgreSQL (SQLite locks
+    the whole database per write transaction)."""
+    if connection.vendor != "postgresql":
+        return set(Gpu.objects.filter(pk__in=ids).values_list("pk", flat=True))
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT id FROM {connection.ops.quote_name(Gpu._meta.db_table)} WHERE id = ANY(%s) "
+                       "ORDER BY id FOR KEY SHARE", [sorted(ids)])
+        return {row[0] for row in cursor.fetchall()}
 
 
 INGEST = MetricsIngest()
