@@ -40,9 +40,10 @@ print("LEASES" + json.dumps({"count": len(rows), "slices": len({r[0] for r in ro
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    # The burst of 100 per web process waits its turn for one of 10 connections: on a loaded 2-core machine the last
-    # waited past the default 30 s and got the pool's 503 (tests/config/test_db_pool.py tests that answer). This
-    # test is about the row locks, so its webs wait as long as its clients do.
+    # The burst of 100 per web process waits its turn for one of 10 connections; on a loaded 2-core machine the last
+    # can wait past the default 30 s and get the pool's 503 (tests/config/test_db_pool.py tests that answer). This
+    # test is about the row locks, so its webs wait as long as its clients do. (The 503s CI saw here were deadlock
+    # victims: orders now retry those, scheduler/services/transactions.py.)
     yield from running_cluster(tmp_path_factory.mktemp("scale-out"), nodes=NODES, webs=2, workers=2,
                                concurrency=2, agent_web=AGENT_WEB, agent_interval=0.5, env={"DB_POOL_TIMEOUT": "110"})
 
