@@ -127,7 +127,7 @@ def test_market_counters_count_orders_leases_latency_spot_prices_and_postings(cl
     assert fams["gpumarket_agent_sockets"].samples[0].value == 1  # the one node whose agent said hello
 
 
-def test_mig_instances_ingest_rate_and_agent_sockets_are_exported_with_their_values(client, settings):
+def test_mig_instances_ingest_rate_and_agent_sockets_are_exported_with_their_values(client, settings, monkeypatch):
     """A leased MIG slice is an info series with dcgm-exporter's GPU_I_PROFILE label (and its start and MIG UUID);
     the ingest rate is the last complete minute's samples per second; sockets opened count every accepted
     agent socket."""
@@ -144,7 +144,8 @@ def test_mig_instances_ingest_rate_and_agent_sockets_are_exported_with_their_val
     carved = Slice.objects.get(gpu__node=node, state=Slice.State.READY)
     assert carved.profile == "1g.10gb" and carved.instance_uuid
     gpu = node.gpus.get()
-    minute = timezone.now().replace(second=0, microsecond=0) - timedelta(minutes=1)
+    frozen = timezone.now()  # the scrape's clock: its last complete minute is the one written below
+    minute = frozen.replace(second=0, microsecond=0) - timedelta(minutes=1)
     GpuMetricRollup.objects.create(gpu=gpu, minute=minute, samples=120, util_avg=40.0)
     GpuMetricRollup.objects.create(gpu=gpu, minute=minute - timedelta(minutes=1), samples=999, util_avg=40.0)
     _, token = node_with_token(provider=UserFactory())
@@ -152,7 +153,9 @@ def test_mig_instances_ingest_rate_and_agent_sockets_are_exported_with_their_val
     for _ in range(3):
         assert node_services.node_agent_connect(token=token) is not None
 
+    monkeypatch.setattr(timezone, "now", lambda: frozen)
     fams = families(scrape(client))
+    monkeypatch.undo()
     [mig] = fams["gpumarket_mig_instance_info"].samples
     assert mig.value == 1.0
     assert mig.labels == {"gpu": "0", "UUID": gpu.uuid, "Hostname": node.hostname or node.name,
