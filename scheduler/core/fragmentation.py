@@ -42,7 +42,9 @@ if TYPE_CHECKING:
 NO_ACCESS = "-"  # pseudo-profile: the request cannot run on this model; all free slices are unusable to it
 PRIOR_STRENGTH = 20.0  # the prior counts as this many requests
 SMALLEST_PRIOR_BOOST = 3.0  # the smallest profile weighs this much more than each other profile in the prior
-FIT_WEIGHT = 0.4  # cost per share of the GPU left free by a slice placement (best-fit's measure; best_start)
+# cost per share of the GPU left free by a slice placement (best-fit's measure; best_start): 0.4 in issue 12 §2
+# round two, 0.6 since round five (chosen on scheduler/sim/generalise.py's TUNE_ON)
+FIT_WEIGHT = 0.6
 
 
 def _bits(n: int) -> int:

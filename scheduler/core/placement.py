@@ -3,9 +3,11 @@
 - A slice request takes the smallest MIG profile with the memory and compute asked for
   (`mig.smallest_fitting_profile`); on a GPU that is not split (no MIG, or MIG off) it takes the whole GPU.
 - On a MIG GPU the start slot is the legal start whose Δfrag (fragmentation.py) is smallest.
-- A whole-GPU request takes a GPU with no instances. Taking an empty MIG GPU whole costs the slice demand it
-  could have served (`MIG_KEEP_WEIGHT` × the share of the demand mix that is not the full profile), so whole
-  requests go to non-MIG GPUs first and MIG GPUs stay for slices.
+- A whole-GPU request takes a GPU with no instances. Taking an empty MIG GPU whole for a single-GPU request
+  costs the gangs it could have served (`GANG_KEEP_WEIGHT` × the share of the model's demand mix that asks for
+  several GPUs on one node): where such demand is seen, single whole GPUs go to non-MIG GPUs first and the
+  MIG nodes stay whole for gangs; where it is not, an empty MIG GPU is as good as any (taking it whole even
+  removes its small fragmentation), and slices fit beside other slices on part-used GPUs anyway.
 - A slice that is much larger than asked for (a whole L4 for 4 GB) can cost the memory it wastes
   (`WASTE_WEIGHT`, 0 by default since issue 12 §2 round two).
 - k GPUs on one node: the k free GPUs of that node with the lowest packing cost.
@@ -20,7 +22,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from nodeagent.hardware.mig import MigGeometry
 
-from .fragmentation import NO_ACCESS, node_delta
+from .fragmentation import node_delta
 from .milli_frag import MILLI, sigmoid_score
 from .model import GpuState, NodeState, Placement, Request
 from .pool import FIXED, WHOLE
@@ -29,7 +31,13 @@ from .pricing import slice_share
 if TYPE_CHECKING:
     from .engine import Pool
 
-MIG_KEEP_WEIGHT = 0.5  # cost, in shares of a GPU, of spending a whole MIG GPU that slices could have used
+# cost, in shares of a GPU, of spending a free MIG GPU whole on a single-GPU request, per unit of the model's
+# demand that asks for several GPUs on one node (DemandMix.multi_gpu; issue 12 §2 round five, chosen on
+# scheduler/sim/generalise.py's TUNE_ON, docs/simulator.md). Above 1 the charge outweighs the most the node
+# term can give back (Σ P(k), taking a GPU from a node that could host no gang anyway), so a free non-MIG GPU
+# comes first wherever gangs are seen; kept low so the charge rarely reaches the packing scorer's clamp
+# (scorers.PACKING_NEUTRAL), where the node term could no longer tell an empty node from a broken one.
+GANG_KEEP_WEIGHT = 1.25
 # cost per share of a GPU's memory handed out but not asked for: 0 since issue 12 §2 round two (tuned on
 # scheduler/sim/generalise.py's TUNE_ON: 0.5 lost to 0 there, with NO_ACCESS off and the fit term on)
 WASTE_WEIGHT = 0.0
@@ -87,10 +95,12 @@ def whole_cost_for(pool: "Pool", model: str, geometry: MigGeometry | None, reque
     """`whole_cost` for any free GPU of `model` with this MIG geometry (None: not split)."""
     if geometry is None:
         return waste_for(pool, model, False, request, pool.spec(model).memory_gb)
-    full = geometry.full_profile.name
-    # requests that cannot run on this model at all lose nothing when it is taken whole
-    slice_demand = sum(p for name, p in pool.mix.distribution(model) if name not in (full, NO_ACCESS))
-    return pool.frags.whole_delta(model, geometry) + MIG_KEEP_WEIGHT * slice_demand
+    taken = pool.frags.whole_delta(model, geometry)
+    if request.gpu_count > 1:
+        return taken  # a gang is what the keep charge keeps GPUs for (its node term is in multi_option)
+    # Slices fit beside others on part-used GPUs; requests for k GPUs on one node need k free ones there. So a
+    # single whole GPU taken from a MIG model costs the share of that model's demand that asks for several.
+    return taken + GANG_KEEP_WEIGHT * sum(p for _, p in pool.mix.multi_gpu(model))
 
 
 def list_cost(pool: "Pool", model: str, key: str, request: Request) -> float:
@@ -128,7 +138,7 @@ def single_option(pool: "Pool", node: NodeState, gpu: GpuState, request: Request
         rec = pool.record(gpu.uuid)
         nf = pool.node_free[node.id] if node_term and pool.node_term and rec.free_whole and not gpu.instances else -1
         key = (rec.sig, rec.layout, not gpu.instances, request.memory_gb, request.compute_slices,
-               request.wants_whole, request.profile, nf)
+               request.wants_whole, request.profile, nf, request.gpu_count > 1)
         memo = pool.option_memo()
         hit = memo.get(key, False)
         if hit is False:

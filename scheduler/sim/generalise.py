@@ -68,6 +68,9 @@ TUNE_ON: tuple[Case, ...] = (
     Case("multi12", variant=PodVariant(multi=0.12, seed=12)),
     Case("spec30", variant=PodVariant(spec=0.3, seed=13)),
     Case("modern-a", nodes_variant=NodeVariant(gpus=140, big=0.6, h100=0.35, l4=0.3, seed=14)),
+    # added in round five: a modern pool with multi-GPU demand (modern-a has the base trace's 1.1%)
+    Case("modern-c", variant=PodVariant(multi=0.05, seed=31),
+         nodes_variant=NodeVariant(gpus=150, big=0.7, h100=0.4, l4=0.4, seed=31)),
 )
 REPORT_ON: tuple[Case, ...] = (
     Case("gpushare40", trace="openb_pod_list_gpushare40.csv"),

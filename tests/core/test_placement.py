@@ -62,9 +62,14 @@ def test_a_slice_goes_to_the_gpu_it_completes_rather_than_a_fresh_one():
 
 
 @pytest.mark.parametrize("mode", ["fast", "exhaustive"])
-def test_a_whole_gpu_request_prefers_a_non_mig_gpu_and_keeps_mig_gpus_for_slices(mode):
+def test_a_whole_gpu_request_prefers_a_non_mig_gpu_where_gangs_are_seen(mode):
+    # the keep charge is for gangs (placement.GANG_KEEP_WEIGHT; without them see tests/core/test_gang_keep.py)
     nodes = [node("m", gpu("mig", "a100-80gb")), node("w", gpu("plain", "a100-80gb", mig_on=False))]
-    d = only_packing(nodes, mode=mode).decide(Request(whole_gpu=True))
+    sched = only_packing(nodes, mode=mode)
+    for _ in range(10):
+        sched.pool.mix.observe(Request(gpu_count=4))
+    sched.pool.mix.refresh()
+    d = sched.decide(Request(whole_gpu=True))
     assert d.placements == [d.placements[0]] and d.placements[0].gpu_uuid == "plain"
     assert d.placements[0].profile is None
 
@@ -88,10 +93,10 @@ def test_k_gpus_land_on_one_node_with_k_free_gpus(mode):
     assert d.ok and {p.node_id for p in d.placements} == {"b"} and len({p.gpu_uuid for p in d.placements}) == 3
 
 
-def test_k_gpus_prefer_non_mig_gpus_on_the_node():
-    n = node("a", gpu("m0"), gpu("p0", mig_on=False), gpu("p1", mig_on=False))
+def test_k_gpus_take_free_gpus_and_leave_a_part_used_one():
+    n = node("a", gpu("m0", instances=[("1g.10gb", 0)]), gpu("m1"), gpu("p0", mig_on=False))
     d = only_packing([n]).decide(Request(gpu_count=2))
-    assert sorted(p.gpu_uuid for p in d.placements) == ["p0", "p1"]
+    assert sorted(p.gpu_uuid for p in d.placements) == ["m1", "p0"]
 
 
 def test_demand_mix_learns_from_requests_and_keeps_a_prior():

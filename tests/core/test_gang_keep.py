@@ -1,0 +1,71 @@
+"""The keep charge on MIG GPUs taken whole (placement.GANG_KEEP_WEIGHT, issue 12 §2 round five).
+
+A single whole GPU taken from a free MIG GPU costs GANG_KEEP_WEIGHT × the share of the model's demand that asks
+for several GPUs on one node; slices no longer buy a keep charge (they fit beside other slices on part-used
+GPUs, and an empty MIG GPU is itself fragmented for the slices that cannot cover all of it), and a gang pays
+none. Measured on scheduler/sim/generalise.py's variants: docs/simulator.md, "Round five".
+"""
+from __future__ import annotations
+
+import pytest
+
+from scheduler.core import fragmentation as FR
+from scheduler.core import placement
+from scheduler.core.engine import Pool, Scheduler
+from scheduler.core.model import Request
+from scheduler.core.weights import Weights
+
+from .pools import gpu, node
+
+PACK_ONLY = Weights(packing=1.0)
+
+
+def _mix(*requests: tuple[Request, int]) -> FR.DemandMix:
+    mix = FR.DemandMix(refresh_every=1)
+    for request, n in requests:
+        for _ in range(n):
+            mix.observe(request)
+    return mix
+
+
+def _pool(mix: FR.DemandMix) -> Pool:
+    # pool order: the MIG node first, so a tie would go to it
+    mig_node = node("m", *[gpu(f"m{i}") for i in range(8)])
+    plain = node("p", gpu("p0", "l4", mig_on=False))
+    return Pool([mig_node, plain], mix=mix)
+
+
+@pytest.mark.parametrize("mode", ["fast", "exhaustive"])
+def test_slice_demand_alone_does_not_keep_mig_gpus_from_whole_requests(mode):
+    pool = _pool(_mix((Request(memory_gb=10), 40), (Request(whole_gpu=True), 10)))
+    a100 = pool.gpu("m0")
+    cost = placement.whole_cost(pool, a100, Request(whole_gpu=True))
+    assert cost <= 0.0  # taking it whole only removes the empty GPU's own fragmentation (the old rule: +0.4)
+    d = Scheduler(pool, weights=PACK_ONLY, adapt_weights=False, mode=mode).decide(Request(whole_gpu=True))
+    assert d.ok and d.placements[0].node_id == "m"
+
+
+@pytest.mark.parametrize("mode", ["fast", "exhaustive"])
+def test_gang_demand_sends_single_whole_requests_to_non_mig_gpus(mode):
+    pool = _pool(_mix((Request(gpu_count=2), 10), (Request(whole_gpu=True), 30)))
+    gangs = sum(p for _, p in pool.mix.multi_gpu("a100-80gb"))
+    assert gangs > 0
+    single = placement.whole_cost(pool, pool.gpu("m0"), Request(whole_gpu=True))
+    # above the most the node term can give back, so no MIG node beats a free L4
+    assert single > gangs + pool.frags.whole_delta("a100-80gb", pool.gpu("m0").geometry)
+    assert single == pytest.approx(placement.GANG_KEEP_WEIGHT * gangs
+                                   + pool.frags.whole_delta("a100-80gb", pool.gpu("m0").geometry))
+    d = Scheduler(pool, weights=PACK_ONLY, adapt_weights=False, mode=mode).decide(Request(whole_gpu=True))
+    assert d.ok and d.placements[0].node_id == "p"
+
+
+def test_a_gang_pays_no_keep_charge_even_after_a_single_was_costed_on_the_same_layout():
+    pool = _pool(_mix((Request(gpu_count=2), 10), (Request(whole_gpu=True), 30)))
+    a100, m = pool.gpu("m0"), pool.nodes["m"]
+    single = placement.single_option(pool, m, a100, Request(whole_gpu=True), node_term=False)
+    gang = placement.single_option(pool, m, a100, Request(gpu_count=2), node_term=False)  # memoised apart
+    assert single is not None and gang is not None
+    assert gang.pack_cost == pytest.approx(pool.frags.whole_delta("a100-80gb", a100.geometry))
+    assert single.pack_cost > gang.pack_cost + 0.1
+    d = Scheduler(pool, weights=PACK_ONLY, adapt_weights=False).decide(Request(gpu_count=2))
+    assert d.ok and {p.node_id for p in d.placements} == {"m"}
