@@ -4,8 +4,8 @@
   (`mig.smallest_fitting_profile`); on a GPU that is not split (no MIG, or MIG off) it takes the whole GPU.
 - On a MIG GPU the start slot is the legal start whose Δfrag (fragmentation.py) is smallest.
 - A whole-GPU request takes a GPU with no instances. Taking an empty MIG GPU whole for a single-GPU request
-  costs the gangs it could have served (`GANG_KEEP_WEIGHT` × the share of the model's demand mix that asks for
-  several GPUs on one node): where such demand is seen, single whole GPUs go to non-MIG GPUs first and the
+  costs the gangs it could have served (`gang_keep`: the model's demand mix for several GPUs on one node,
+  weighted by gang size): where such demand is seen, single whole GPUs go to non-MIG GPUs first and the
   MIG nodes stay whole for gangs; where it is not, an empty MIG GPU is as good as any (taking it whole even
   removes its small fragmentation), and slices fit beside other slices on part-used GPUs anyway.
 - A slice that is much larger than asked for (a whole L4 for 4 GB) can cost the memory it wastes
@@ -31,13 +31,14 @@ from .pricing import slice_share
 if TYPE_CHECKING:
     from .engine import Pool
 
-# cost, in shares of a GPU, of spending a free MIG GPU whole on a single-GPU request, per unit of the model's
-# demand that asks for several GPUs on one node (DemandMix.multi_gpu; issue 12 §2 round five, chosen on
-# scheduler/sim/generalise.py's TUNE_ON, docs/simulator.md). Above 1 the charge outweighs the most the node
-# term can give back (Σ P(k), taking a GPU from a node that could host no gang anyway), so a free non-MIG GPU
-# comes first wherever gangs are seen; kept low so the charge rarely reaches the packing scorer's clamp
-# (scorers.PACKING_NEUTRAL), where the node term could no longer tell an empty node from a broken one.
-GANG_KEEP_WEIGHT = 1.25
+# The keep charge on a free MIG GPU taken whole by a single-GPU request (issue 12 §2 round five, chosen on
+# scheduler/sim/generalise.py's TUNE_ON, docs/simulator.md): GANG_KEEP_PER_GPU × Σ_k P(k) × k over the model's
+# demand for k GPUs on one node (DemandMix.multi_gpu), so an 8-GPU gang weighs four times a 2-GPU one; at most
+# Σ_k P(k) (the most the node term can give back) + GANG_KEEP_MARGIN, so that a single taken from a node that
+# can host no gang anyway stays inside the packing scorer's range (scorers.PACKING_NEUTRAL) and the node term
+# still tells it from an empty node. It replaced a charge for the model's slice demand.
+GANG_KEEP_PER_GPU = 0.375
+GANG_KEEP_MARGIN = 0.25
 # cost per share of a GPU's memory handed out but not asked for: 0 since issue 12 §2 round two (tuned on
 # scheduler/sim/generalise.py's TUNE_ON: 0.5 lost to 0 there, with NO_ACCESS off and the fit term on)
 WASTE_WEIGHT = 0.0
@@ -99,8 +100,17 @@ def whole_cost_for(pool: "Pool", model: str, geometry: MigGeometry | None, reque
     if request.gpu_count > 1:
         return taken  # a gang is what the keep charge keeps GPUs for (its node term is in multi_option)
     # Slices fit beside others on part-used GPUs; requests for k GPUs on one node need k free ones there. So a
-    # single whole GPU taken from a MIG model costs the share of that model's demand that asks for several.
-    return taken + GANG_KEEP_WEIGHT * sum(p for _, p in pool.mix.multi_gpu(model))
+    # single whole GPU taken from a MIG model costs that model's demand for several.
+    return taken + gang_keep(pool.mix.multi_gpu(model))
+
+
+def gang_keep(multi: Sequence[tuple[int, float]]) -> float:
+    """The keep charge for (k, P(k)) gang demand: GANG_KEEP_PER_GPU × Σ P(k) × k, at most Σ P(k) +
+    GANG_KEEP_MARGIN (0 without gang demand)."""
+    if not multi:
+        return 0.0
+    mass = sum(p for _, p in multi)
+    return min(GANG_KEEP_PER_GPU * sum(p * k for k, p in multi), mass + GANG_KEEP_MARGIN)
 
 
 def list_cost(pool: "Pool", model: str, key: str, request: Request) -> float:

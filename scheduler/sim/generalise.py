@@ -71,6 +71,13 @@ TUNE_ON: tuple[Case, ...] = (
     # added in round five: a modern pool with multi-GPU demand (modern-a has the base trace's 1.1%)
     Case("modern-c", variant=PodVariant(multi=0.05, seed=31),
          nodes_variant=NodeVariant(gpus=150, big=0.7, h100=0.4, l4=0.4, seed=31)),
+    # and a second seed of each (round five): one seed's multi-GPU runs alone moved the loss by ±1
+    Case("share70b", variant=PodVariant(share=0.7, seed=41)),
+    Case("multi12b", variant=PodVariant(multi=0.12, seed=42)),
+    Case("spec30b", variant=PodVariant(spec=0.3, seed=43)),
+    Case("modern-ab", nodes_variant=NodeVariant(gpus=140, big=0.6, h100=0.35, l4=0.3, seed=44)),
+    Case("modern-cb", variant=PodVariant(multi=0.05, seed=51),
+         nodes_variant=NodeVariant(gpus=150, big=0.7, h100=0.4, l4=0.4, seed=51)),
 )
 REPORT_ON: tuple[Case, ...] = (
     Case("gpushare40", trace="openb_pod_list_gpushare40.csv"),

@@ -63,7 +63,7 @@ def test_a_slice_goes_to_the_gpu_it_completes_rather_than_a_fresh_one():
 
 @pytest.mark.parametrize("mode", ["fast", "exhaustive"])
 def test_a_whole_gpu_request_prefers_a_non_mig_gpu_where_gangs_are_seen(mode):
-    # the keep charge is for gangs (placement.GANG_KEEP_WEIGHT; without them see tests/core/test_gang_keep.py)
+    # the keep charge is for gangs (placement.gang_keep; without them see tests/core/test_gang_keep.py)
     nodes = [node("m", gpu("mig", "a100-80gb")), node("w", gpu("plain", "a100-80gb", mig_on=False))]
     sched = only_packing(nodes, mode=mode)
     for _ in range(10):
