@@ -4,6 +4,8 @@
     python -m scheduler.sim.generalise             # best-fit vs ours (fixed, adaptive) on REPORT_ON
     python -m scheduler.sim.generalise --attribute # which kind of request ours loses on (diagnosis only)
     python -m scheduler.sim.generalise --cases share85,modern-b --limit 3000   # only these cases
+    python -m scheduler.sim.generalise --cases TUNE_ON --limit 3000 --set placement.GANG_KEEP_PER_GPU=0.5
+                                                   # a candidate constant of scheduler.core, on TUNE_ON
 
 Two ways for ours to weigh packing against price are compared, each with one number tuned on TUNE_ON only:
 - fixed: the base weights with packing × `FIXED_PACKING` (one weighting for every workload);
@@ -226,6 +228,35 @@ def cases_text(title: str, cases: Iterable[Case]) -> list[str]:
     return [title] + [f"  {c.name:11s} {c.describe()}" for c in cases]
 
 
+def apply_settings(settings: Iterable[str]) -> dict[str, float]:
+    """`MODULE.NAME=VALUE` for numeric UPPER_CASE constants of scheduler.core modules (placement.FIT_WEIGHT is
+    fragmentation.FIT_WEIGHT's module, etc.): set for this process, to score a candidate the way the tuning
+    rounds in docs/simulator.md did. Returns what was set; a ValueError says what is wrong and sets nothing."""
+    import importlib
+
+    planned = []
+    for item in settings:
+        name, sep, raw = item.partition("=")
+        module, _, const = name.rpartition(".")
+        if not sep or not module or not const.isupper():
+            raise ValueError(f"--set {item!r}: expected MODULE.CONSTANT=NUMBER, e.g. placement.GANG_KEEP_PER_GPU=0.5")
+        try:
+            mod = importlib.import_module(f"scheduler.core.{module}")
+        except ImportError:
+            raise ValueError(f"--set {item!r}: scheduler.core has no module {module!r}") from None
+        old = getattr(mod, const, None)
+        if isinstance(old, bool) or not isinstance(old, (int, float)):
+            raise ValueError(f"--set {item!r}: scheduler.core.{module} has no numeric constant {const}")
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ValueError(f"--set {item!r}: {raw!r} is not a number") from None
+        planned.append((mod, const, type(old)(value), name))
+    for mod, const, value, _ in planned:  # all checked first: a refused list changes nothing
+        setattr(mod, const, value)
+    return {name: float(value) for *_, value, name in planned}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m scheduler.sim.generalise", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -233,9 +264,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attribute", action="store_true",
                     help="ours with best-fit's choice for one kind of request (whole, multi, slice) at a time")
     ap.add_argument("--cases", default=None,
-                    help="comma-separated case names (TUNE_ON and REPORT_ON) instead of REPORT_ON")
+                    help="comma-separated case names (of TUNE_ON and REPORT_ON, or those two names for the "
+                         "whole set) instead of REPORT_ON")
+    ap.add_argument("--set", action="append", default=[], metavar="MODULE.CONSTANT=NUMBER",
+                    help="change a constant of scheduler.core for this run (repeatable), e.g. "
+                         "placement.GANG_KEEP_PER_GPU=0.5")
     ap.add_argument("--limit", type=int, default=None, help="replay only the first N rows of each trace")
     args = ap.parse_args(argv)
+    try:
+        changed = apply_settings(args.set)
+    except ValueError as e:
+        ap.error(str(e))
+    if changed:
+        print("constants changed: " + ", ".join(f"{k}={v:g}" for k, v in changed.items()))
     t0 = time.perf_counter()
     if args.tune:
         print("\n".join(cases_text("tuned on:", TUNE_ON)))
@@ -246,10 +287,13 @@ def main(argv: list[str] | None = None) -> int:
         cases = REPORT_ON
         if args.cases:
             known = {c.name: c for c in TUNE_ON + REPORT_ON}
-            unknown = [n for n in args.cases.split(",") if n not in known]
+            groups = {"TUNE_ON": TUNE_ON, "REPORT_ON": REPORT_ON}
+            names = [n for part in args.cases.split(",")
+                     for n in ([c.name for c in groups[part]] if part in groups else [part])]
+            unknown = [n for n in names if n not in known]
             if unknown:
-                ap.error(f"unknown case {', '.join(unknown)}; known: {', '.join(known)}")
-            cases = tuple(known[n] for n in args.cases.split(","))
+                ap.error(f"unknown case {', '.join(unknown)}; known: {', '.join(known)}, TUNE_ON, REPORT_ON")
+            cases = tuple(known[n] for n in names)
         print("\n".join(cases_text("tuned on (not reported):", TUNE_ON)))
         print("\n".join(cases_text("reported on:", cases)))
         policies = attribution if args.attribute else fixed_and_adaptive

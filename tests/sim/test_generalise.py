@@ -77,3 +77,31 @@ def test_an_unknown_case_name_is_refused_with_the_known_ones(capsys):
         G.main(["--cases", "share85,nope"])
     err = capsys.readouterr().err
     assert "unknown case nope" in err and "share85" in err
+
+
+def test_a_candidate_constant_is_set_for_the_run_and_bad_ones_are_refused(monkeypatch):
+    from scheduler.core import fragmentation, placement
+    monkeypatch.setattr(placement, "GANG_KEEP_PER_GPU", placement.GANG_KEEP_PER_GPU)
+    monkeypatch.setattr(fragmentation, "FIT_WEIGHT", fragmentation.FIT_WEIGHT)
+    assert G.apply_settings(["placement.GANG_KEEP_PER_GPU=0.5", "fragmentation.FIT_WEIGHT=0.2"]) == {
+        "placement.GANG_KEEP_PER_GPU": 0.5, "fragmentation.FIT_WEIGHT": 0.2}
+    assert placement.GANG_KEEP_PER_GPU == 0.5 and fragmentation.FIT_WEIGHT == 0.2
+    for bad, says in [("placement.GANG_KEEP_PER_GPU", "MODULE.CONSTANT=NUMBER"),
+                      ("nomodule.X=1", "no module 'nomodule'"),
+                      ("placement.NOPE=1", "no numeric constant NOPE"),
+                      ("placement.gang_keep=1", "MODULE.CONSTANT=NUMBER"),
+                      ("placement.GANG_KEEP_PER_GPU=lots", "'lots' is not a number")]:
+        with pytest.raises(ValueError, match=says):
+            G.apply_settings([bad])
+    with pytest.raises(ValueError):
+        G.apply_settings(["placement.GANG_KEEP_PER_GPU=0.9", "placement.NOPE=1"])
+    assert placement.GANG_KEEP_PER_GPU == 0.5  # a refused list changes nothing
+
+
+def test_case_groups_expand_and_a_bad_setting_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        G.main(["--cases", "TUNE_ON,nope"])
+    assert e.value.code == 2 and "unknown case nope" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        G.main(["--set", "placement.NOPE=1"])
+    assert e.value.code == 2 and "no numeric constant NOPE" in capsys.readouterr().err
