@@ -229,9 +229,10 @@ def cases_text(title: str, cases: Iterable[Case]) -> list[str]:
 
 
 def apply_settings(settings: Iterable[str]) -> dict[str, float]:
-    """`MODULE.NAME=VALUE` for numeric UPPER_CASE constants of scheduler.core modules (placement.FIT_WEIGHT is
-    fragmentation.FIT_WEIGHT's module, etc.): set for this process, to score a candidate the way the tuning
-    rounds in docs/simulator.md did. Returns what was set; a ValueError says what is wrong and sets nothing."""
+    """`MODULE.NAME=VALUE` for numeric UPPER_CASE constants of scheduler.core modules (for example
+    placement.GANG_KEEP_PER_GPU or fragmentation.FIT_WEIGHT): set for this process, to score a candidate the way
+    the tuning rounds in docs/simulator.md did. Returns what was set; a ValueError says what is wrong and sets
+    nothing."""
     import importlib
 
     planned = []

@@ -1,9 +1,9 @@
 """The keep charge on MIG GPUs taken whole (placement.gang_keep, issue 12 §2 round five).
 
 A single whole GPU taken from a free MIG GPU costs GANG_KEEP_PER_GPU × Σ_k P(k) × k of the model's demand for
-k GPUs on one node, at most Σ_k P(k) + GANG_KEEP_MARGIN; slices no longer buy a keep charge (they fit beside other slices on part-used
-GPUs, and an empty MIG GPU is itself fragmented for the slices that cannot cover all of it), and a gang pays
-none. Measured on scheduler/sim/generalise.py's variants: docs/simulator.md, "Round five".
+k GPUs on one node, at most Σ_k P(k) + GANG_KEEP_MARGIN; slices no longer buy a keep charge (they fit beside
+other slices on part-used GPUs, and an empty MIG GPU is itself fragmented for the slices that cannot cover all
+of it), and a gang pays none. Measured on scheduler/sim/generalise.py's variants: docs/simulator.md, "Round five".
 """
 from __future__ import annotations
 
