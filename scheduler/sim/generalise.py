@@ -295,8 +295,11 @@ def main(argv: list[str] | None = None) -> int:
             if unknown:
                 ap.error(f"unknown case {', '.join(unknown)}; known: {', '.join(known)}, TUNE_ON, REPORT_ON")
             cases = tuple(known[n] for n in names)
-        print("\n".join(cases_text("tuned on (not reported):", TUNE_ON)))
-        print("\n".join(cases_text("reported on:", cases)))
+        if set(cases) & set(TUNE_ON):
+            print("\n".join(cases_text("running (some of these are tuned on):", cases)))
+        else:
+            print("\n".join(cases_text("tuned on (not reported):", TUNE_ON)))
+            print("\n".join(cases_text("reported on:", cases)))
         policies = attribution if args.attribute else fixed_and_adaptive
         runs = [run_case(c, load, policies(), limit=args.limit) for c in cases for load in LOADS]
         print("\n".join(report_lines(runs)))

@@ -105,3 +105,10 @@ def test_case_groups_expand_and_a_bad_setting_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as e:
         G.main(["--set", "placement.NOPE=1"])
     assert e.value.code == 2 and "no numeric constant NOPE" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not (DEFAULT_TRACE_DIR / DEFAULT_TRACE).exists(), reason="openb traces not present")
+def test_running_tuned_on_cases_does_not_call_them_reported(capsys):
+    assert G.main(["--cases", "modern-c", "--limit", "300"]) == 0
+    out = capsys.readouterr().out
+    assert "running (some of these are tuned on):" in out and "reported on:" not in out
