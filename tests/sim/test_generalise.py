@@ -8,6 +8,13 @@ from scheduler.sim.run import DEFAULT_TRACE, DEFAULT_TRACE_DIR
 from scheduler.sim.variants import NodeVariant, PodVariant
 
 
+def test_a_second_seed_is_the_same_case_drawn_again():
+    c = G.Case("x", variant=PodVariant(share=0.7, seed=1), nodes_variant=NodeVariant(gpus=24, seed=1))
+    b = c.reseeded(9)
+    assert b.name == "xb" and b.variant == PodVariant(share=0.7, seed=9)
+    assert b.nodes_variant == NodeVariant(gpus=24, seed=9) and G.Case("y").reseeded(3) == G.Case("yb")
+
+
 def test_nothing_reported_on_was_tuned_on():
     tuned = {(c.trace, c.variant, c.nodes_variant) for c in G.TUNE_ON}
     reported = {(c.trace, c.variant, c.nodes_variant) for c in G.REPORT_ON}
@@ -90,7 +97,8 @@ def test_a_candidate_constant_is_set_for_the_run_and_bad_ones_are_refused(monkey
                       ("nomodule.X=1", "no module 'nomodule'"),
                       ("placement.NOPE=1", "no numeric constant NOPE"),
                       ("placement.gang_keep=1", "MODULE.CONSTANT=NUMBER"),
-                      ("placement.GANG_KEEP_PER_GPU=lots", "'lots' is not a number")]:
+                      ("placement.GANG_KEEP_PER_GPU=lots", "'lots' is not a number"),
+                      ("placement.MILLI_PACK_GPUS=2.5", "is a whole number")]:
         with pytest.raises(ValueError, match=says):
             G.apply_settings([bad])
     with pytest.raises(ValueError):
