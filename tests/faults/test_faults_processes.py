@@ -88,22 +88,32 @@ def row_locked(cluster, sql: str, params: tuple):
         conn.rollback()
 
 
-def blocked_by(conn, table: str, timeout: float) -> str:
-    """Until another backend of the database waits on a lock `conn` holds while running a statement on `table`;
-    that statement. Asked on a connection of its own: pg_stat_activity is read once per transaction, and `conn`'s
-    transaction lasts as long as its locks."""
+def blocked_by(conn, table: str, holding: tuple[str, object], timeout: float) -> str:
+    """Until another backend of the database waits on a row lock `conn` holds, for update, while running a statement
+    on `table`, and the row `holding` names (table, pk) is locked elsewhere: the worker is inside the transaction the
+    test means to kill it in. That statement. Both are asked: the metrics writer's key-share locks on GPU rows also
+    wait on a GPU row held for update (a CI run once took the writer for the placement). Waiting may be through a
+    backend that queued on the row first: PostgreSQL queues a row's later waiters behind its first, so
+    pg_blocking_pids names the first waiter, not `conn`. Asked on a connection of its own: pg_stat_activity is read
+    once per transaction, and `conn`'s transaction lasts as long as its locks."""
     holder = conn.info.backend_pid
+    held_table, pk = holding
     with psycopg.connect(conn.info.dsn, autocommit=True, connect_timeout=10) as watcher:
         def waiting():
             row = watcher.execute(
-                "SELECT query FROM pg_stat_activity WHERE datname = current_database() AND state = 'active' "
-                "AND %s = ANY(pg_blocking_pids(pid)) AND query ILIKE %s", (holder, f"%{table}%")).fetchone()
-            return row[0] if row else None
-        return wait_until(waiting, timeout=timeout, interval=0.2, what=f"a worker waiting on our lock in {table}")
+                "SELECT query FROM pg_stat_activity a WHERE datname = current_database() AND state = 'active' "
+                "AND query ILIKE %s AND query NOT ILIKE '%%KEY SHARE%%' "
+                "AND (%s = ANY(pg_blocking_pids(pid)) OR EXISTS (SELECT FROM pg_stat_activity b "
+                "WHERE b.pid = ANY(pg_blocking_pids(a.pid)) AND %s = ANY(pg_blocking_pids(b.pid))))",
+                (f"%{table}%", holder, holder)).fetchone()
+            return row[0] if row and locked_elsewhere(watcher, held_table, pk) else None
+        return wait_until(waiting, timeout=timeout, interval=0.2,
+                          what=f"a worker holding {held_table} {pk} and waiting on our lock in {table}")
 
 
 def locked_elsewhere(conn, table: str, pk) -> bool:
-    """Whether another transaction holds a row lock on `table`'s row `pk`."""
+    """Whether another transaction holds a row lock on `table`'s row `pk`. On an autocommit connection the probe's
+    own lock, if it gets one, ends with the statement."""
     return conn.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE SKIP LOCKED", (pk,)).fetchone() is None
 
 
@@ -192,8 +202,7 @@ def test_workers_killed_inside_a_metering_tick_leave_billing_exact_once_they_are
     # away: a tick writes only then) locks the lease, computes the charge and waits here, inside its transaction.
     with row_locked(cluster, "SELECT id FROM marketplace_account WHERE user_id = %s AND kind = 'wallet'",
                     (buyer["id"],)) as conn:
-        blocked_by(conn, "marketplace_account", timeout=75)
-        assert locked_elsewhere(conn, "marketplace_lease", lease_id)  # the tick holds the lease
+        blocked_by(conn, "marketplace_account", holding=("marketplace_lease", lease_id), timeout=75)
         kill_workers(cluster)
     assert billing(cluster, lease_id)["charged"] == "0.000000"  # the killed tick posted nothing
     restart_workers(cluster)
@@ -232,8 +241,7 @@ def test_workers_killed_while_placing_a_queued_order_place_it_once(cluster, buye
                              "WHERE name = %s)", (node,)) as conn:
         cluster.shell("from scheduler.models import Node; from scheduler.services.nodes import node_undrain; "
                       f"node_undrain(node=Node.objects.get(name={node!r}))")
-        blocked_by(conn, "scheduler_gpu", timeout=30)
-        assert locked_elsewhere(conn, "marketplace_order", queued["id"])  # the placement holds the order
+        blocked_by(conn, "scheduler_gpu", holding=("marketplace_order", queued["id"]), timeout=30)
         kill_workers(cluster)
     still = order_state(cluster, buyer, queued["id"])
     assert (still["state"], still["leases"]) == ("queued", [])  # the killed placement left nothing behind
