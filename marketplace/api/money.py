@@ -85,7 +85,8 @@ class TopUpSerializer(serializers.Serializer):
     amount = serializers.DecimalField(max_digits=12, decimal_places=2, min_value=payments.TOPUP_MIN,
                                       max_value=payments.TOPUP_MAX)
     card = serializers.RegexField(r"^\d{16}$", required=False,
-                                  help_text="confirm on the server with this card number (scripts, tests)",
+                                  help_text="confirm on the server with this card number (scripts, tests; test-mode "
+                                            "Stripe only)",
                                   error_messages={"invalid": "a card number has 16 digits"})
 
 
@@ -230,8 +231,8 @@ class CardSetupSerializer(serializers.Serializer):
 
 class CardConfirmSerializer(serializers.Serializer):
     card = serializers.RegexField(r"^\d{16}$", required=False,
-                                  help_text="confirm on the server with this card number (scripts, tests); without "
-                                            "it, the card confirmed in the browser is kept",
+                                  help_text="confirm on the server with this card number (scripts, tests; test-mode "
+                                            "Stripe only); without it, the card confirmed in the browser is kept",
                                   error_messages={"invalid": "a card number has 16 digits"})
 
 

@@ -56,13 +56,26 @@ def topup_amount(value) -> Decimal:
     return amount.quantize(CENT)
 
 
+def check_server_card(card: str) -> None:
+    """A card number confirmed on the server (scripts and tests) must be a 16-digit number, and is taken only
+    with a Stripe test-mode key: with a live key a real card number would pass through this server, which only
+    Stripe.js in the buyer's browser may see."""
+    if not (card.isdigit() and len(card) == 16):
+        raise DomainError("a card number has 16 digits", field="card")
+    key = settings.STRIPE_SECRET_KEY or ""
+    if key and not key.startswith(("sk_test_", "rk_test_")):  # unset: stripe_configure says payments are off
+        raise DomainError("Card numbers are taken here only in Stripe test mode: confirm the card in the browser "
+                          "(the client secret and Stripe.js in the answer without `card`).", field="card",
+                          code="card_number_refused")
+
+
 def topup_create(*, user, amount: Decimal, card: str | None = None, client_key: str | None = None) -> Payment:
     """Open a PaymentIntent for `amount` USD; with `card`, confirm it now and credit the wallet if it succeeds."""
     amount = topup_amount(amount)
     if client_key is not None and not (0 < len(client_key) <= 200):
         raise DomainError("an Idempotency-Key has 1 to 200 characters", field="idempotency_key")
-    if card is not None and not (card.isdigit() and len(card) == 16):
-        raise DomainError("a card number has 16 digits", field="card")
+    if card is not None:
+        check_server_card(card)
     if client_key:
         existing = Payment.objects.filter(user=user, client_key=client_key).first()
         if existing is not None:
@@ -339,11 +352,11 @@ def card_setup_start(*, user) -> tuple[AutoTopUp, str]:
 def card_setup_finish(*, user, card: str | None = None) -> AutoTopUp:
     """Keep the card of the user's SetupIntent once Stripe says it succeeded; with `card` (scripts and tests;
     browsers confirm with Stripe.js) confirm it here first. A new card clears the failures of the old one."""
+    if card is not None:
+        check_server_card(card)
     row = auto_topup_of(user=user)
     if not row.stripe_setup_intent_id:
         raise Conflict("Start saving a card first.", code="no_setup")
-    if card is not None and not (card.isdigit() and len(card) == 16):
-        raise DomainError("a card number has 16 digits", field="card")
     stripe_configure()
     try:
         if card is not None:

@@ -13,7 +13,7 @@ import stripe
 from django.db import close_old_connections
 from rest_framework.test import APIClient
 
-from marketplace.models import LedgerTransaction, Payment, StripeEvent
+from marketplace.models import AutoTopUp, LedgerTransaction, Payment, StripeEvent
 from marketplace.money import ledger, movements
 from marketplace.money.check import ledger_check
 from tests.factories import UserFactory, client_for
@@ -138,6 +138,22 @@ def test_bad_top_ups_are_refused_with_one_error_shape_and_write_nothing(stripe_o
     r = client_for(UserFactory()).post("/api/v1/topups/", body, format="json")
     assert r.status_code == 400 and r.json()["error"]["code"] == "invalid" and r.json()["error"]["fields"]
     assert not Payment.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_live_stripe_key_refuses_card_numbers_on_the_server_and_writes_nothing(stripe_on, settings):
+    """Only Stripe.js in the browser sees a real card: with a live key `card` is refused before Stripe is called,
+    for a top-up and for saving an auto top-up card alike; without `card` both still work."""
+    settings.STRIPE_SECRET_KEY = "sk_live_not_a_real_key"
+    c = client_for(UserFactory())
+    assert c.post("/api/v1/auto-topup/card/", format="json").status_code == 200  # a SetupIntent to confirm
+    for path, body in (("/api/v1/topups/", {"amount": "25.00", "card": GOOD_CARD}),
+                       ("/api/v1/auto-topup/card/confirm/", {"card": GOOD_CARD})):
+        r = c.post(path, body, format="json")
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["code"] == "card_number_refused", r.content
+        assert "browser" in error["message"] and "card" in error["fields"]
+    assert not Payment.objects.exists() and not AutoTopUp.objects.exclude(stripe_payment_method_id="").exists()
 
 
 @pytest.mark.django_db
