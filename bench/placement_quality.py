@@ -102,7 +102,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="inflation: the FGD paper's protocol and table (issue 12 §1)")
     ap.add_argument("--plot", type=Path, default=None, help="inflation: allocation vs arrived per policy (PNG)")
     ap.add_argument("--jobs", type=int, default=4, help="inflation: pod lists run in this many processes")
+    ap.add_argument("--orders", type=int, default=1, metavar="N",
+                    help="variants: replay each case on N node orders of its pool, judged on the means")
     args = ap.parse_args(argv)
+    if args.orders < 1:
+        ap.error("--orders is at least 1")
     if args.protocol == "inflation":
         return inflation_bench(args)
     t0 = time.perf_counter()
@@ -121,10 +125,12 @@ def variants_report(args) -> list[dict]:
     """Issue 12 §2: tuned on / reported on, best-fit vs ours fixed and adaptive, with the capacity bound."""
     limit = QUICK_LIMIT if args.quick else None
     print("\n§2 report on variants (scheduler/sim/generalise.py)"
-          + (f", first {limit} rows of each trace" if limit else ""))
+          + (f", first {limit} rows of each trace" if limit else "")
+          + (f", means over {args.orders} node orders" if args.orders > 1 else ""))
     print("\n".join(generalise.cases_text("tuned on (not reported here):", generalise.TUNE_ON)))
     print("\n".join(generalise.cases_text("reported on (never tuned on):", generalise.REPORT_ON)))
-    runs = [generalise.run_case(c, load, generalise.fixed_and_adaptive(), limit=limit, trace_dir=args.trace_dir)
+    runs = [generalise.run_case(c, load, generalise.fixed_and_adaptive(), limit=limit, trace_dir=args.trace_dir,
+                                orders=args.orders)
             for c in generalise.REPORT_ON for load in generalise.LOADS]
     print("\n".join(generalise.report_lines(runs)))
     print("\n".join(generalise.summary_lines(runs)))

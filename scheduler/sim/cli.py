@@ -65,6 +65,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--missing-runtime", choices=("skip", "synthesize"), default="skip",
                     help="rows of a timed trace without a usable runtime (counted either way)")
     ap.add_argument("--seed", type=int, default=0, help="seed for synthesized times and random-fit")
+    ap.add_argument("--node-order", type=int, default=None, metavar="SEED",
+                    help="shuffle the pool's node order with SEED (the same nodes): policies that break ties by "
+                         "pool order then break them differently")
     ap.add_argument("--fraction-basis", choices=FRACTION_BASES, default="memory",
                     help="turn gpu_milli into a MIG profile by memory or by compute share")
     ap.add_argument("--reference-gb", type=float, default=80.0,
@@ -124,7 +127,7 @@ def _run(args: argparse.Namespace) -> int:
                        missing_runtime=args.missing_runtime, seed=args.seed, basis=args.fraction_basis,
                        reference_gb=args.reference_gb, head_protect_s=args.head_protect, window=args.window,
                        warmup=args.warmup, host=args.host, donor=args.donor, variant=args.variant,
-                       nodes_variant=args.nodes_variant)
+                       nodes_variant=args.nodes_variant, node_order=args.node_order)
     progress = None if args.quiet else (lambda msg: print(msg, file=sys.stderr, flush=True))
     t0 = time.perf_counter()
     prepared = prepare(config)

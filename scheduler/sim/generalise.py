@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import random
 import sys
 import time
 from dataclasses import dataclass
@@ -42,6 +43,7 @@ FIXED_PACKING = 2.0  # tuned on TUNE_ON (--tune --limit 4000): the best of 1, 2,
 FIXED_CANDIDATES = (1.0, 2.0, 3.0)
 GAIN_CANDIDATES = (1.0, 2.0, 4.0)
 ALLOC_TOLERANCE = 0.001  # allocation within 0.1 point of best-fit's counts as "as good"
+NOISE_ORDER = 9973  # the node order of the noise-floor row (reordered_best_fit); --orders uses 1, 2, ...
 
 
 @dataclass(frozen=True)
@@ -51,9 +53,10 @@ class Case:
     variant: PodVariant | None = None
     nodes_variant: NodeVariant | None = None
 
-    def config(self, *, load: float, limit: int | None, trace_dir: Path = DEFAULT_TRACE_DIR) -> SimConfig:
+    def config(self, *, load: float, limit: int | None, trace_dir: Path = DEFAULT_TRACE_DIR,
+               node_order: int | None = None) -> SimConfig:
         return SimConfig(trace=trace_dir / self.trace, load=load, limit=limit, variant=self.variant,
-                         nodes_variant=self.nodes_variant)
+                         nodes_variant=self.nodes_variant, node_order=node_order)
 
     def reseeded(self, seed: int) -> "Case":
         """The same case with every variant drawn again from `seed`, named with a "b"."""
@@ -106,10 +109,26 @@ def ours(*, packing: float = 1.0, gain: float | None = None) -> PolicyFactory:
     return make
 
 
+def reordered_best_fit(seed: int = NOISE_ORDER) -> PolicyFactory:
+    """best-fit on the same nodes in another order (shuffled with `seed`). Judged against best-fit like any
+    policy, it is the noise floor of one replay's verdict: how far apart one rule lands from itself when only
+    the ties it breaks by pool order are broken differently."""
+    from scheduler.core.baselines import BestFit
+    from scheduler.core.engine import Pool
+
+    def make(nodes):
+        nodes = list(nodes)
+        random.Random(seed).shuffle(nodes)
+        pool = Pool(nodes)
+        return pool, NoPreemption(BestFit(pool))
+    return make
+
+
 def fixed_and_adaptive(*, packing: float = FIXED_PACKING, gain: float = MIX_GAIN) -> dict[str, PolicyFactory]:
-    """best-fit, ours as the engine ships (default weights, the load rule only), and the two weightings."""
-    return {"best-fit": factory("best-fit"), "ours": ours(), "ours-fixed": ours(packing=packing),
-            "ours-adaptive": ours(gain=gain)}
+    """best-fit, best-fit on another node order (the noise floor), ours as the engine ships (default weights, the
+    load rule only), and the two weightings."""
+    return {"best-fit": factory("best-fit"), "bf-reordered": reordered_best_fit(), "ours": ours(),
+            "ours-fixed": ours(packing=packing), "ours-adaptive": ours(gain=gain)}
 
 
 REQUEST_KINDS = ("whole", "multi", "slice")
@@ -152,12 +171,29 @@ def attribution() -> dict[str, PolicyFactory]:
 
 
 def run_case(case: Case, load: float, policies: dict[str, PolicyFactory], *, limit: int | None,
-             trace_dir: Path = DEFAULT_TRACE_DIR) -> dict[str, Any]:
-    prepared = prepare(case.config(load=load, limit=limit, trace_dir=trace_dir))
-    results = {name: run_policy(prepared, name, f) for name, f in policies.items()}
-    return {"case": case.name, "load": load, "gpus": sum(s.gpus for s in prepared.node_specs),
-            "jobs": len(prepared.jobs), "bound": capacity_bound(prepared, list(results.values())),
-            "policies": {name: summarise(r) for name, r in results.items()}}
+             trace_dir: Path = DEFAULT_TRACE_DIR, orders: int = 1) -> dict[str, Any]:
+    """Every policy on one case at one load. With `orders` > 1, on that many node orders of the same pool (the
+    pool as built, then shuffled with seeds 1, 2, ...): the policies' allocation, fragmentation and p99 wait
+    are the means over the orders, and `passes` counts the orders on which each was as good as best-fit."""
+    runs = []
+    for order in [None, *range(1, orders)]:
+        prepared = prepare(case.config(load=load, limit=limit, trace_dir=trace_dir, node_order=order))
+        results = {name: run_policy(prepared, name, f) for name, f in policies.items()}
+        runs.append({"case": case.name, "load": load, "gpus": sum(s.gpus for s in prepared.node_specs),
+                     "jobs": len(prepared.jobs), "bound": capacity_bound(prepared, list(results.values())),
+                     "policies": {name: summarise(r) for name, r in results.items()}})
+    if orders == 1:
+        return runs[0]
+    merged = {**runs[0], "orders": orders, "policies": {}, "passes": {}}
+    for name in policies:
+        each = [r["policies"][name] for r in runs]
+        merged["policies"][name] = {k: sum(e[k] for e in each) / orders for k in MEANS}
+        if "best-fit" in policies:
+            merged["passes"][name] = sum(not verdict(r["policies"][name], r["policies"]["best-fit"]) for r in runs)
+    return merged
+
+
+MEANS = ("allocation", "fragmentation", "wait_p99_s")  # what run_case averages over node orders
 
 
 def verdict(ours_s: dict, best: dict) -> list[str]:
@@ -210,6 +246,8 @@ def report_lines(runs: list[dict[str, Any]]) -> list[str]:
         best = run["policies"]["best-fit"]
         for name, s in run["policies"].items():
             misses = "" if name == "best-fit" else ("; ".join(verdict(s, best)) or "as good or better")
+            if misses and "orders" in run:
+                misses += f" (means; as good on {run['passes'][name]} of {run['orders']} orders alone)"
             lines.append(f"{run['case']:11s} x{run['load']:<3g} {run['bound']:6.1%}  {name:13s} "
                          f"{s['allocation']:6.1%} {s['fragmentation']:7.4f} {human_seconds(s['wait_p99_s']):>6s}"
                          f"  {misses}")
@@ -275,7 +313,12 @@ def main(argv: list[str] | None = None) -> int:
                     help="change a constant of scheduler.core for this run (repeatable), e.g. "
                          "placement.GANG_KEEP_PER_GPU=0.5")
     ap.add_argument("--limit", type=int, default=None, help="replay only the first N rows of each trace")
+    ap.add_argument("--orders", type=int, default=1, metavar="N",
+                    help="replay each case on N node orders of its pool and judge on the means (default 1: the "
+                         "pool as built)")
     args = ap.parse_args(argv)
+    if args.orders < 1:
+        ap.error("--orders is at least 1")
     try:
         changed = apply_settings(args.set)
     except ValueError as e:
@@ -305,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(cases_text("tuned on (not reported):", TUNE_ON)))
             print("\n".join(cases_text("reported on:", cases)))
         policies = attribution if args.attribute else fixed_and_adaptive
-        runs = [run_case(c, load, policies(), limit=args.limit) for c in cases for load in LOADS]
+        runs = [run_case(c, load, policies(), limit=args.limit, orders=args.orders) for c in cases for load in LOADS]
         print("\n".join(report_lines(runs)))
         print("\n".join(summary_lines(runs)))
     print(f"{time.perf_counter() - t0:.0f}s wall clock")

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -46,6 +47,7 @@ class SimConfig:
     donor: Path | None = None  # pod list a file without time columns borrows runtimes from (default: beside it)
     variant: PodVariant | None = None  # resample the pods' shapes (variants.py)
     nodes_variant: NodeVariant | None = None  # a generated pool instead of `pool` (variants.py)
+    node_order: int | None = None  # shuffle the pool's node order with this seed (the same nodes); None: as built
 
     def to_dict(self) -> dict[str, Any]:
         return {"trace": str(self.trace), "nodes": str(self.node_list), "pool": self.pool,
@@ -55,7 +57,8 @@ class SimConfig:
                 "head_protect_s": self.head_protect_s, "window": self.window, "warmup": self.warmup,
                 "host": self.host, "donor": str(self.donor) if self.donor else None,
                 "variant": self.variant.label if self.variant else None,
-                "nodes_variant": self.nodes_variant.label if self.nodes_variant else None}
+                "nodes_variant": self.nodes_variant.label if self.nodes_variant else None,
+                "node_order": self.node_order}
 
     def effective_model_map(self) -> dict[str, str]:
         """The model map demands go through: on a node-list variant, VARIANT_MODEL_MAP under the entries that
@@ -115,6 +118,12 @@ def prepare(config: SimConfig) -> Prepared:
         specs = pools.modern_pool(scale=config.pool_scale)
     else:
         raise SimInputError(f"--pool must be 'openb' or 'modern', not {config.pool!r}")
+    if config.node_order is not None:
+        # Only the order changes: every policy that breaks ties by pool order (first-fit, best-fit, ours) then
+        # breaks them differently, which is how much a single replay's comparison owes to the order.
+        specs = list(specs)
+        random.Random(config.node_order).shuffle(specs)
+        notes.append(f"node order shuffled with seed {config.node_order}")
     if config.host == "model":
         pools.HostLedger(specs)  # refuses a pool without host figures now, not in the first replay
     jobs = [Job(i, pod, None if pod.cpu_only else demand_for(

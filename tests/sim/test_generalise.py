@@ -55,12 +55,49 @@ def test_the_loss_grows_with_each_shortfall():
 def test_a_case_runs_every_policy_beside_the_bound():
     case = G.Case("tiny", variant=PodVariant(share=0.7, seed=1), nodes_variant=NodeVariant(gpus=24, seed=1))
     run = G.run_case(case, 8.0, G.fixed_and_adaptive(), limit=400)
-    assert set(run["policies"]) == {"best-fit", "ours", "ours-fixed", "ours-adaptive"}
+    assert set(run["policies"]) == {"best-fit", "bf-reordered", "ours", "ours-fixed", "ours-adaptive"}
     assert run["gpus"] == 24
     for s in run["policies"].values():
         assert 0 < s["allocation"] <= run["bound"] + 1e-9
     lines = G.report_lines([run])
-    assert len(lines) == 2 + 4 and "tiny" in lines[2]
+    assert len(lines) == 2 + 5 and "tiny" in lines[2]
+
+
+@pytest.mark.skipif(not (DEFAULT_TRACE_DIR / DEFAULT_TRACE).exists(), reason="openb traces not present")
+def test_a_node_order_is_the_same_pool_shuffled_and_moves_only_tie_breaks():
+    from scheduler.sim.run import prepare
+
+    case = G.Case("tiny", variant=PodVariant(share=0.7, seed=1), nodes_variant=NodeVariant(gpus=24, seed=1))
+    built = prepare(case.config(load=8.0, limit=400))
+    again, other = (prepare(case.config(load=8.0, limit=400, node_order=o)) for o in (5, 6))
+    by_id = lambda p: sorted(p.node_specs, key=lambda n: n.id)  # noqa: E731
+    assert by_id(built) == by_id(again) == by_id(other)
+    assert again.node_specs == prepare(case.config(load=8.0, limit=400, node_order=5)).node_specs  # seeded
+    assert again.node_specs != built.node_specs != other.node_specs
+    assert [j.arrival for j in again.jobs] == [j.arrival for j in built.jobs]  # the same arrivals
+    assert "node order shuffled with seed 5" in again.notes
+
+
+@pytest.mark.skipif(not (DEFAULT_TRACE_DIR / DEFAULT_TRACE).exists(), reason="openb traces not present")
+def test_over_several_node_orders_a_run_is_judged_on_the_means():
+    case = G.Case("tiny", variant=PodVariant(share=0.7, seed=1), nodes_variant=NodeVariant(gpus=24, seed=1))
+    policies = {"best-fit": G.factory("best-fit"), "bf-reordered": G.reordered_best_fit(), "ours": G.ours()}
+    merged = G.run_case(case, 8.0, policies, limit=400, orders=3)
+    singles = [G.run_case(case, 8.0, policies, limit=400)]  # the pool as built
+    from scheduler.sim.run import prepare, run_policy
+    from scheduler.sim.report import summarise
+    for order in (1, 2):
+        prepared = prepare(case.config(load=8.0, limit=400, node_order=order))
+        singles.append({"policies": {n: summarise(run_policy(prepared, n, f)) for n, f in policies.items()}})
+    for name in policies:
+        for key in G.MEANS:
+            assert merged["policies"][name][key] == pytest.approx(
+                sum(r["policies"][name][key] for r in singles) / 3)
+        assert merged["passes"][name] == sum(
+            not G.verdict(r["policies"][name], r["policies"]["best-fit"]) for r in singles)
+    assert merged["orders"] == 3 and merged["passes"]["best-fit"] == 3
+    line = next(x for x in G.report_lines([merged]) if " ours " in x)
+    assert f"as good on {merged['passes']['ours']} of 3 orders alone" in line
 
 
 def test_requests_are_split_into_the_three_kinds_the_attribution_swaps():
