@@ -184,16 +184,44 @@ def run_case(case: Case, load: float, policies: dict[str, PolicyFactory], *, lim
                      "policies": {name: summarise(r) for name, r in results.items()}})
     if orders == 1:
         return runs[0]
-    merged = {**runs[0], "orders": orders, "policies": {}, "passes": {}}
+    merged = {**runs[0], "orders": orders, "policies": {}, "passes": {}, "paired": {}}
     for name in policies:
         each = [r["policies"][name] for r in runs]
         merged["policies"][name] = {k: sum(e[k] for e in each) / orders for k in MEANS}
         if "best-fit" in policies:
             merged["passes"][name] = sum(not verdict(r["policies"][name], r["policies"]["best-fit"]) for r in runs)
+            merged["paired"][name] = {k: paired([r["policies"][name][k] - r["policies"]["best-fit"][k] for r in runs])
+                                      for k in MEANS}
     return merged
 
 
 MEANS = ("allocation", "fragmentation", "wait_p99_s")  # what run_case averages over node orders
+
+
+def paired(diffs: list[float]) -> tuple[float, float]:
+    """(mean, 2 standard errors) of a policy's differences from best-fit, one per node order (the same order for
+    both: a paired comparison)."""
+    n = len(diffs)
+    mean = sum(diffs) / n
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
+    return mean, 2 * (var / n) ** 0.5
+
+
+def clearly_behind(run: dict[str, Any], name: str) -> list[str]:
+    """Where `name` is behind best-fit by more than the noise of the orders (the paired mean difference beyond
+    2 standard errors, and beyond ALLOC_TOLERANCE for allocation); empty for a single-order run."""
+    if "paired" not in run or name not in run["paired"]:
+        return []
+    d = run["paired"][name]
+    out = []
+    (fm, fh), (am, ah), (wm, wh) = d["fragmentation"], d["allocation"], d["wait_p99_s"]
+    if fm > fh + 1e-9:
+        out.append(f"frag {fm:+.4f}±{fh:.4f}")
+    if -am > max(ah, ALLOC_TOLERANCE):
+        out.append(f"alloc {am:+.2%}±{ah:.2%}")
+    if wm > wh:
+        out.append(f"p99 +{human_seconds(wm)}±{human_seconds(wh)}")
+    return out
 
 
 def verdict(ours_s: dict, best: dict) -> list[str]:
@@ -247,7 +275,9 @@ def report_lines(runs: list[dict[str, Any]]) -> list[str]:
         for name, s in run["policies"].items():
             misses = "" if name == "best-fit" else ("; ".join(verdict(s, best)) or "as good or better")
             if misses and "orders" in run:
-                misses += f" (means; as good on {run['passes'][name]} of {run['orders']} orders alone)"
+                beyond = "; ".join(clearly_behind(run, name)) or "none"
+                misses += (f" (means; as good on {run['passes'][name]} of {run['orders']} orders alone; behind beyond "
+                           f"the orders' noise: {beyond})")
             lines.append(f"{run['case']:11s} x{run['load']:<3g} {run['bound']:6.1%}  {name:13s} "
                          f"{s['allocation']:6.1%} {s['fragmentation']:7.4f} {human_seconds(s['wait_p99_s']):>6s}"
                          f"  {misses}")
@@ -260,7 +290,11 @@ def summary_lines(runs: list[dict[str, Any]]) -> list[str]:
     for name in names:
         ok = sum(1 for r in runs if not verdict(r["policies"][name], r["policies"]["best-fit"]))
         total_loss = sum(loss(r["policies"][name], r["policies"]["best-fit"]) for r in runs)
-        out.append(f"  {name}: as good as best-fit on {ok} of {len(runs)} runs (loss {total_loss:.3f})")
+        line = f"  {name}: as good as best-fit on {ok} of {len(runs)} runs (loss {total_loss:.3f})"
+        if runs and "orders" in runs[0]:
+            behind = sum(1 for r in runs if clearly_behind(r, name))
+            line += f"; behind beyond the noise of {runs[0]['orders']} node orders on {behind}"
+        out.append(line)
     return out
 
 

@@ -96,6 +96,11 @@ def test_over_several_node_orders_a_run_is_judged_on_the_means():
         assert merged["passes"][name] == sum(
             not G.verdict(r["policies"][name], r["policies"]["best-fit"]) for r in singles)
     assert merged["orders"] == 3 and merged["passes"]["best-fit"] == 3
+    for name in policies:  # paired on each order: the mean difference is the difference of the means
+        mean, _ = merged["paired"][name]["fragmentation"]
+        assert mean == pytest.approx(merged["policies"][name]["fragmentation"]
+                                     - merged["policies"]["best-fit"]["fragmentation"])
+    assert merged["paired"]["best-fit"]["allocation"] == (0.0, 0.0) and not G.clearly_behind(merged, "best-fit")
     line = next(x for x in G.report_lines([merged]) if " ours " in x)
     assert f"as good on {merged['passes']['ours']} of 3 orders alone" in line
 
@@ -157,3 +162,18 @@ def test_running_tuned_on_cases_does_not_call_them_reported(capsys):
     assert G.main(["--cases", "modern-c", "--limit", "300"]) == 0
     out = capsys.readouterr().out
     assert "running (some of these are tuned on):" in out and "reported on:" not in out
+
+
+def test_behind_beyond_noise_needs_the_paired_mean_past_two_standard_errors():
+    assert G.paired([0.001, 0.001, 0.001]) == (pytest.approx(0.001), 0.0)
+    mean, half = G.paired([0.003, -0.001, 0.001, -0.003])
+    assert mean == 0.0 and half == pytest.approx(2 * (0.00002 / 3 / 4) ** 0.5)
+
+    def run(frag, alloc=(0.0, 0.0), p99=(0.0, 0.0)):
+        return {"orders": 4, "paired": {"ours": {"fragmentation": frag, "allocation": alloc, "wait_p99_s": p99}}}
+    assert G.clearly_behind(run((0.0004, 0.0001)), "ours") == ["frag +0.0004±0.0001"]
+    assert G.clearly_behind(run((0.0004, 0.0006)), "ours") == []  # within the orders' noise
+    assert G.clearly_behind(run((0.0, 0.0), alloc=(-0.0005, 0.0001)), "ours") == []  # within ALLOC_TOLERANCE
+    assert G.clearly_behind(run((0.0, 0.0), alloc=(-0.004, 0.001)), "ours") == ["alloc -0.40%±0.10%"]
+    assert G.clearly_behind(run((-0.001, 0.0), p99=(7200.0, 600.0)), "ours") == ["p99 +2.0h±10.0m"]
+    assert G.clearly_behind({"policies": {}}, "ours") == []  # one order: nothing to judge noise by
