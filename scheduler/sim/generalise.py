@@ -198,18 +198,26 @@ def run_case(case: Case, load: float, policies: dict[str, PolicyFactory], *, lim
 MEANS = ("allocation", "fragmentation", "wait_p99_s")  # what run_case averages over node orders
 
 
+# Student's t, two-sided 95%, by degrees of freedom (n orders give n - 1); 2.0 past the table
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23, 15: 2.13,
+       20: 2.09, 30: 2.04}
+
+
 def paired(diffs: list[float]) -> tuple[float, float]:
-    """(mean, 2 standard errors) of a policy's differences from best-fit, one per node order (the same order for
-    both: a paired comparison)."""
+    """(mean, half-width of its 95% interval) of a policy's differences from best-fit, one per node order (the
+    same order for both: a paired comparison; Student's t on n - 1 degrees of freedom)."""
     n = len(diffs)
     mean = sum(diffs) / n
-    var = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
-    return mean, 2 * (var / n) ** 0.5
+    if n < 2:
+        return mean, 0.0
+    var = sum((d - mean) ** 2 for d in diffs) / (n - 1)
+    t = next((T95[df] for df in sorted(T95) if df >= n - 1), 2.0)
+    return mean, t * (var / n) ** 0.5
 
 
 def clearly_behind(run: dict[str, Any], name: str) -> list[str]:
-    """Where `name` is behind best-fit by more than the noise of the orders (the paired mean difference beyond
-    2 standard errors, and beyond ALLOC_TOLERANCE for allocation); empty for a single-order run."""
+    """Where `name` is behind best-fit by more than the noise of the orders (the paired mean difference outside
+    its 95% interval, and beyond ALLOC_TOLERANCE for allocation); empty for a single-order run."""
     if "paired" not in run or name not in run["paired"]:
         return []
     d = run["paired"][name]

@@ -164,10 +164,11 @@ def test_running_tuned_on_cases_does_not_call_them_reported(capsys):
     assert "running (some of these are tuned on):" in out and "reported on:" not in out
 
 
-def test_behind_beyond_noise_needs_the_paired_mean_past_two_standard_errors():
+def test_behind_beyond_noise_needs_the_paired_mean_outside_its_95_percent_interval():
     assert G.paired([0.001, 0.001, 0.001]) == (pytest.approx(0.001), 0.0)
     mean, half = G.paired([0.003, -0.001, 0.001, -0.003])
-    assert mean == 0.0 and half == pytest.approx(2 * (0.00002 / 3 / 4) ** 0.5)
+    assert mean == 0.0 and half == pytest.approx(3.18 * (0.00002 / 3 / 4) ** 0.5)  # t on 3 degrees of freedom
+    assert G.paired([0.002]) == (0.002, 0.0)
 
     def run(frag, alloc=(0.0, 0.0), p99=(0.0, 0.0)):
         return {"orders": 4, "paired": {"ours": {"fragmentation": frag, "allocation": alloc, "wait_p99_s": p99}}}
