@@ -3,11 +3,14 @@
     .venv/bin/python bench/placement_quality.py            # default + gpushare40, loads x4 and x8
     .venv/bin/python bench/placement_quality.py --quick    # a prefix of each trace, same loads
     .venv/bin/python bench/placement_quality.py --section variants [--quick]   # only the §2 report
+    .venv/bin/python bench/placement_quality.py --section variants --quick --orders 5   # over 5 node orders
 
 The variants report (issue 12 §2, scheduler/sim/generalise.py) replays trace and pool variants that were
-not used to tune ours (the list it was tuned on is printed too) and puts best-fit, ours with one fixed
-weighting and ours with weights that follow the learnt demand mix side by side, each beside the capacity
-bound (the most allocation any policy could reach on those arrivals, scheduler/sim/bound.py).
+not used to tune ours (the list it was tuned on is printed too) and puts best-fit, best-fit on the same nodes
+in another order (the noise floor of one replay's verdict), ours with one fixed weighting and ours with
+weights that follow the learnt demand mix side by side, each beside the capacity bound (the most allocation
+any policy could reach on those arrivals, scheduler/sim/bound.py). With --orders N each run is replayed on N
+node orders and every policy is compared with best-fit order by order.
 
     .venv/bin/python bench/placement_quality.py --protocol inflation [--quick] [--plot curves.png]
         # the FGD paper's protocol: its table at 100%/110% arrived beside the paper's figures (issue 12 §1)
