@@ -6,6 +6,7 @@
     python -m scheduler.sim.generalise --cases share85,modern-b --limit 3000   # only these cases
     python -m scheduler.sim.generalise --cases TUNE_ON --limit 3000 --set placement.GANG_KEEP_PER_GPU=0.5
                                                    # a candidate constant of scheduler.core, on TUNE_ON
+    python -m scheduler.sim.generalise --limit 3000 --orders 5   # each case on 5 node orders, paired
 
 Two ways for ours to weigh packing against price are compared, each with one number tuned on TUNE_ON only:
 - fixed: the base weights with packing × `FIXED_PACKING` (one weighting for every workload);
@@ -18,6 +19,11 @@ engine's earlier tuning used it.
 A case passes when ours' fragmentation is at most best-fit's, its allocation at least best-fit's (within
 ALLOC_TOLERANCE, a few jobs' worth) and its p99 wait at most best-fit's, at every load in LOADS. Beside each
 row: the capacity bound (bound.py), the most allocation any policy could reach on those arrivals.
+
+One replay's verdict owes much to ties: `bf-reordered`, best-fit on the same nodes in another order, is judged
+beside the others as the noise floor. With --orders N every case runs on N node orders; each policy is then
+judged on its means, and its difference from best-fit, taken order by order, is "behind beyond noise" where the
+paired mean lies outside its 95% interval (docs/simulator.md, "Round six").
 """
 from __future__ import annotations
 
