@@ -1,11 +1,12 @@
 """Putting a replay together: trace -> jobs, node list -> pool, then one replay per policy."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, TypeVar
 
 from scheduler.core.model import NodeState
 
@@ -23,6 +24,7 @@ from .variants import VARIANT_MODEL_MAP, NodeVariant, PodVariant, measured_share
 REPO_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TRACE_DIR = REPO_ROOT.parent / "shared" / "traces" / "openb"
 DEFAULT_TRACE = "openb_pod_list_default.csv"
+T = TypeVar("T")
 NODE_LIST = NODE_LIST_NAME  # the node list beside a pod list
 HOST_CHOICES = ("ignore", "model")
 
@@ -118,12 +120,6 @@ def prepare(config: SimConfig) -> Prepared:
         specs = pools.modern_pool(scale=config.pool_scale)
     else:
         raise SimInputError(f"--pool must be 'openb' or 'modern', not {config.pool!r}")
-    if config.node_order is not None:
-        # Only the order changes: every policy that breaks ties by pool order (first-fit, best-fit, ours) then
-        # breaks them differently, which is how much a single replay's comparison owes to the order.
-        specs = list(specs)
-        random.Random(config.node_order).shuffle(specs)
-        notes.append(f"node order shuffled with seed {config.node_order}")
     if config.host == "model":
         pools.HostLedger(specs)  # refuses a pool without host figures now, not in the first replay
     jobs = [Job(i, pod, None if pod.cpu_only else demand_for(
@@ -143,7 +139,25 @@ def prepare(config: SimConfig) -> Prepared:
     start = arrivals[int(config.warmup * len(arrivals))] if arrivals else 0.0
     end = (arrivals[-1] if arrivals else 0.0) if config.window == "arrivals" else math.inf
     frag = FragMeter(demand_mix((j.demand for j in gpu_jobs), {s.model for s in specs}))
-    return Prepared(config, trace, jobs, specs, (start, end), frag, notes)
+    prepared = Prepared(config, trace, jobs, specs, (start, end), frag, notes)
+    return prepared if config.node_order is None else reordered(prepared, config.node_order)
+
+
+def shuffled(items: Sequence[T], seed: int) -> list[T]:
+    """`items` in the order `random.Random(seed)` shuffles them to (a new list)."""
+    out = list(items)
+    random.Random(seed).shuffle(out)
+    return out
+
+
+def reordered(prepared: Prepared, seed: int) -> Prepared:
+    """The same replay with the pool's nodes in another order (`shuffled` with `seed`). Only the order changes:
+    every policy that breaks ties by pool order (first-fit, best-fit, ours) then breaks them differently, which
+    is how much a single replay's comparison owes to the order. The trace, jobs, window and yardstick are shared
+    (none depends on the order)."""
+    return dataclasses.replace(prepared, config=dataclasses.replace(prepared.config, node_order=seed),
+                               node_specs=shuffled(prepared.node_specs, seed),
+                               notes=[*prepared.notes, f"node order shuffled with seed {seed}"])
 
 
 def run_policy(prepared: Prepared, name: str, factory: PolicyFactory) -> RunResult:
