@@ -34,6 +34,7 @@ from marketplace.conf import market
 from marketplace.models import Lease, LedgerTransaction, Mode, UsageRecord
 from marketplace.models.sql import Epoch, insert_rows, update_rows
 from marketplace.money import ledger, movements
+from scheduler.services.transactions import retry_transient
 
 EIGHT = Decimal("0.00000001")
 POST_BATCH_MIN = 200  # leases posted per tick at least, when that many are due
@@ -296,13 +297,18 @@ def meter_tick(*, now: datetime | None = None) -> TickResult:
     # Spread the minute's postings evenly over the ticks left in it (a backlog too), so no tick posts them all.
     ticks_left = max(1, math.ceil((minute + timedelta(minutes=1) - now).total_seconds() / market("METER_SECONDS")))
     limit = max(POST_BATCH_MIN, math.ceil(due / ticks_left))
-    with transaction.atomic():
-        # Lock the leases: the race is the buyer ending one, or an interruption or a reprice settling it,
-        # which would otherwise post the same seconds twice. skip_locked: whoever holds it is settling.
-        batch = [Billable(*row) for row in running.select_for_update(skip_locked=True, of=("self",))
-                 .filter(billed_until__lt=minute).exclude(buyer_id__in=stopped).order_by("billed_until", "id")
-                 .values_list(*Billable.COLUMNS)[:limit]]
-        posted = post(batch, now=minute)
+
+    def post_due() -> list:
+        with transaction.atomic():
+            # Lock the leases: the race is the buyer ending one, or an interruption or a reprice settling it,
+            # which would otherwise post the same seconds twice. skip_locked: whoever holds it is settling.
+            batch = [Billable(*row) for row in running.select_for_update(skip_locked=True, of=("self",))
+                     .filter(billed_until__lt=minute).exclude(buyer_id__in=stopped).order_by("billed_until", "id")
+                     .values_list(*Billable.COLUMNS)[:limit]]
+            return post(batch, now=minute)
+    # Run again whole when PostgreSQL aborts it to undo a deadlock (the wallets' rows against a top-up or a
+    # lease's end): nothing of it was written, and the tick's postings are not left to the next tick.
+    posted = retry_transient(post_due)
     result.posted = len(posted)
     result.stop += [p.lease.pk for p in posted if p.short > 0]
     return result

@@ -307,24 +307,31 @@ def orders_retry(*, now: datetime | None = None) -> int:
     base = snapshot.fresh() if ids else None
     for order_id in ids:
         try:
-            with transaction.atomic():
-                # Lock the order: the race is a second beat worker or the buyer cancelling it meanwhile.
-                order = (Order.objects.select_for_update(skip_locked=True)
-                         .filter(pk=order_id, state=Order.State.QUEUED).first())
-                if order is None:
-                    continue
-                if order.mode == Mode.RESERVED and order.window_start <= now:
-                    order.state, order.explain = Order.State.FAILED, "the window started before capacity was free"
-                    order.save(update_fields=["state", "explain"])
-                    continue
-                if _try_place(order=order, now=now, base=base):
-                    placed += 1
-                    base = snapshot.fresh()
+            # Its own transaction per order, run again whole when PostgreSQL aborts it to undo a deadlock (its
+            # GPU rows against a buyer's or a provider's transaction): one order's deadlock ends neither the pass
+            # nor that order's turn in it.
+            if retry_transient(lambda order_id=order_id, base=base: _retry_one(order_id, now=now, base=base)):
+                placed += 1
+                base = snapshot.fresh()
         except (ledger.InsufficientFunds, budgets.OverBudget) as exc:
             Order.objects.filter(pk=order_id, state=Order.State.QUEUED).update(
                 state=Order.State.FAILED, explain=exc.message[:500])
             base = snapshot.fresh()
     return placed
+
+
+def _retry_one(order_id, *, now: datetime, base: snapshot.MarketSnapshot | None) -> bool:
+    """One queued order's turn in the pass, in its own transaction: True when it was placed."""
+    with transaction.atomic():
+        # Lock the order: the race is a second beat worker or the buyer cancelling it meanwhile.
+        order = Order.objects.select_for_update(skip_locked=True).filter(pk=order_id, state=Order.State.QUEUED).first()
+        if order is None:
+            return False
+        if order.mode == Mode.RESERVED and order.window_start <= now:
+            order.state, order.explain = Order.State.FAILED, "the window started before capacity was free"
+            order.save(update_fields=["state", "explain"])
+            return False
+        return _try_place(order=order, now=now, base=base)
 
 
 def order_cancel(*, buyer, order_id) -> Order:

@@ -24,6 +24,7 @@ from scheduler.errors import DomainError
 from scheduler.ports import market
 from scheduler.services import commands as command_services, health as health_services, nodes as node_services
 from scheduler.services.events import REVOKED_SAID, agent_group, node_group
+from scheduler.services.transactions import transient_retried
 
 from .base import LoopConsumer, dumps
 from .ingest import INGEST
@@ -36,6 +37,13 @@ CLOSE_BAD_FRAME, CLOSE_UNAUTHORISED = protocol.CLOSE_BAD_FRAME, protocol.CLOSE_U
 CLOSE_FORBIDDEN, CLOSE_REPLACED = protocol.CLOSE_FORBIDDEN, protocol.CLOSE_REPLACED
 MAX_BAD_FRAMES = 10  # after this many malformed frames on one socket, the agent is broken: close it
 CLOSE_FOR_STATUS = {401: CLOSE_UNAUTHORISED, 403: CLOSE_FORBIDDEN, 409: CLOSE_REPLACED}
+
+
+def on_db(fn):
+    """fn on a worker thread (channels' database_sync_to_async), run again whole while PostgreSQL aborts its
+    transaction to undo a deadlock: an agent's result, workload state or hello is applied at once instead of
+    failing the handler, which closes the socket (1011) and leaves the frame to the agent's reconnect."""
+    return database_sync_to_async(transient_retried(fn))
 
 
 def _bearer(scope) -> str:
@@ -64,7 +72,7 @@ class AgentConsumer(LoopConsumer):
             raise
 
     async def connect(self):
-        found = await database_sync_to_async(node_services.node_agent_connect)(token=_bearer(self.scope))
+        found = await on_db(node_services.node_agent_connect)(token=_bearer(self.scope))
         await self.accept()
         if found is None:
             await self._error(protocol.E_UNAUTHORISED, "unknown or missing node token")
@@ -107,7 +115,7 @@ class AgentConsumer(LoopConsumer):
         """Record once that the socket speaking for the node closed (nothing for one that never did)."""
         if self.ready and not self.ended:
             self.ended = True
-            await database_sync_to_async(node_services.node_disconnected)(
+            await on_db(node_services.node_disconnected)(
                 node_id=self.node_id, session=self.session, code=code, reason=reason, by=by)
 
     async def _error(self, code: str, message: str, ref: str | None = None) -> None:
@@ -138,17 +146,17 @@ class AgentConsumer(LoopConsumer):
             else:
                 await self._drop("metrics")
         elif kind == "result":
-            await database_sync_to_async(command_services.command_complete)(node_id=self.node_id, frame=frame)
+            await on_db(command_services.command_complete)(node_id=self.node_id, frame=frame)
         elif kind == "event":
             await self._event(frame)
         elif kind == "workload":
             if self.workload_bucket.take():
-                await database_sync_to_async(market().workload_state)(node_id=self.node_id, frame=frame)
+                await on_db(market().workload_state)(node_id=self.node_id, frame=frame)
             else:
                 await self._drop("workload")
         elif kind == "logs":
             if self.logs_bucket.take():
-                await database_sync_to_async(market().workload_output)(node_id=self.node_id, frame=frame)
+                await on_db(market().workload_output)(node_id=self.node_id, frame=frame)
             else:
                 await self._drop("logs")
         else:
@@ -177,7 +185,7 @@ class AgentConsumer(LoopConsumer):
             await self._refuse(protocol.E_BAD_FRAME, f"event detail is {size} bytes; at most "
                                                      f"{self.event_detail_max} are accepted")
             return
-        await database_sync_to_async(health_services.health_event_record)(
+        await on_db(health_services.health_event_record)(
             node_id=self.node_id, gpu_uuid=frame.get("gpu_uuid"), kind=frame["kind"],
             message=str(detail.get("message", frame["kind"])), detail=detail)
 
@@ -187,7 +195,7 @@ class AgentConsumer(LoopConsumer):
         # handled after this frame, so they still follow the welcome; one sent both ways is answered once.
         await self.channel_layer.group_add(agent_group(self.node_id), self.channel_name)
         try:
-            state = await database_sync_to_async(_apply_hello)(self.node_id, frame, self.token_hash, self.session)
+            state = await on_db(_apply_hello)(self.node_id, frame, self.token_hash, self.session)
         except DomainError as exc:
             await self._error(exc.code, exc.message)
             await self.close(code=CLOSE_FOR_STATUS.get(exc.status, CLOSE_BAD_FRAME), reason=exc.code)
@@ -226,13 +234,13 @@ class AgentConsumer(LoopConsumer):
             if sample.get("xid"):
                 # Every XID is kept (by code) for the reliability score, whether or not it cordons the GPU.
                 codes = sorted(set(sample["xid"]))
-                await database_sync_to_async(health_services.health_event_record)(
+                await on_db(health_services.health_event_record)(
                     node_id=self.node_id, gpu_uuid=sample["uuid"], kind="xid",
                     message="XID " + ", ".join(map(str, codes)), detail={"codes": codes})
             reasons = self._health(sample)
             if reasons and sample["uuid"] not in self.cordoned:
                 self.cordoned.add(sample["uuid"])
-                await database_sync_to_async(health_services.gpu_cordon)(gpu_id=self.gpu_ids[sample["uuid"]],
+                await on_db(health_services.gpu_cordon)(gpu_id=self.gpu_ids[sample["uuid"]],
                                                                          reason="; ".join(reasons))
 
     def _health(self, sample: dict) -> list[str]:
@@ -262,7 +270,7 @@ class AgentConsumer(LoopConsumer):
             return  # a hello that was refused, or a closed socket: the command stays open for the next session
         frame = message["frame"]
         await self.send(text_data=protocol.encode(frame))
-        await database_sync_to_async(command_services.commands_mark_sent)(
+        await on_db(command_services.commands_mark_sent)(
             command_ids=[frame["id"]], at=timezone.now())
 
     async def agent_revoked(self, message: dict) -> None:
@@ -278,7 +286,7 @@ class AgentConsumer(LoopConsumer):
         if message.get("session", self.session + 1) <= self.session:
             return  # an older socket's announcement, late: its hello was refused or it was replaced itself
         self.ready = False
-        await database_sync_to_async(health_services.health_event_record)(
+        await on_db(health_services.health_event_record)(
             node_id=self.node_id, gpu_uuid=None, kind="replaced",
             message="agent socket replaced by a newer connection of this node", detail={})
         await self._error(protocol.E_REPLACED, "replaced by a newer connection of this node; is its token "

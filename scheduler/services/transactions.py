@@ -6,6 +6,7 @@ through. Only a transaction's outermost caller can run it again, so inside a cal
 the caller's."""
 from __future__ import annotations
 
+import functools
 import random
 import time
 from typing import Callable, TypeVar
@@ -35,3 +36,12 @@ def retry_transient(fn: Callable[[], T], *, attempts: int = ATTEMPTS, pause: flo
                 raise
         time.sleep(pause * 2 ** attempt * (0.5 + random.random()))
     raise AssertionError("unreachable")
+
+
+def transient_retried(fn: Callable[..., T]) -> Callable[..., T]:
+    """fn, each call run by retry_transient: for a function that opens its own transaction, called from outside one
+    (the gateway's database calls, a beat task's step)."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs) -> T:
+        return retry_transient(lambda: fn(*args, **kwargs))
+    return call
