@@ -27,7 +27,7 @@ demo: $(STAMP)
 	DJANGO_SETTINGS_MODULE=config.settings.dev $(PY) manage.py demo
 
 test: $(STAMP) $(WHEELHOUSE)/.downloaded
-	$(PY) -m tests.suite
+	$(PY) -m pytest
 
 bench: $(STAMP)
 	$(PY) bench/decision_speed.py --quick

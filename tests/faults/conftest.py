@@ -2,8 +2,7 @@
 workers and beat on PostgreSQL + its own Redis, agents spread over both web processes, a buyer with credit.
 
 Fault tests share it (package scope: one stack, started once and stopped after the last fault test, so that its
-beat and workers do not load what runs after them; `make test` runs this package in a process of its own beside the
-rest, tests/suite.py): each injects its fault, lets the stack recover,
+beat and workers do not load the rest of the suite): each injects its fault, lets the stack recover,
 puts back what it broke (restarts what it killed) and ends with `assert_invariants(cluster)`."""
 from __future__ import annotations
 
