@@ -263,8 +263,12 @@ def test_errors_say_the_apis_words_with_their_exit_status(gpum, stack):
     key = key_of(stack, "cli-buyer")
     absent_lease = str(uuid.uuid4())
     assert gpum("lease", "show", absent_lease, key=key, expect=4).stderr.startswith("gpum: not found")
-    assert "no lease of yours has an ID starting with" in gpum("logs", "abc", key=key, expect=4).stderr + \
-        gpum("logs", "0", key=key, expect=4).stderr
+    # Prefixes none of the buyer's leases has (a lease ID starts with "0" one time in 16): a letter and a digit.
+    ids = [lease["id"] for lease in gpum.json("leases", "--all", key=key)]
+    letters, digits = ([p for p in candidates if not any(i.startswith(p) for i in ids)][0]
+                       for candidates in (("abc", "fed", "bad", "dec"), ("0", "1", "42", "907")))
+    assert "no lease of yours has an ID starting with" in gpum("logs", letters, key=key, expect=4).stderr + \
+        gpum("logs", digits, key=key, expect=4).stderr
     # A bid under the spot price: refused with the engine's reasons, as the API refuses the same body.
     body = {"mode": "spot", "gpu_models": ["l4"], "whole_gpu": True, "max_price_per_hour": "0.10"}
     status, refusal = api(stack, "POST", "/api/v1/orders/", body, buyer="cli-buyer")
