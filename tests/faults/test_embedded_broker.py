@@ -125,3 +125,37 @@ def test_a_consumer_taking_its_lock_is_not_taken_for_a_dead_one(tmp_path):
         assert channel._recover_dead_claims() == 1  # the dead consumer's claim goes back to the queue
         assert starting.exists()
         assert [p.name for p in (tmp_path / "celery" / "queue").iterdir()] == ["0001_x.celery.msg"]
+
+
+def test_a_backlog_is_listed_once_for_every_queue_not_once_per_message(tmp_path, monkeypatch):
+    """A worker polls its remote-control queue (nearly always empty) beside the task queue; each poll of it used to
+    list the whole queue folder, so with 20,000 tasks waiting every task cost a read of the backlog (~110 tasks/s
+    instead of ~800 here). One listing now serves every queue, and a queue found empty is listed again only after
+    RESCAN_SECONDS: a message sent later still arrives."""
+    from kombu import Connection
+    from kombu.transport import filesystem
+
+    from config import broker
+
+    monkeypatch.setattr(broker, "RESCAN_SECONDS", 3600.0, raising=False)
+    with Connection("filesystem://", transport="config.broker:Transport",
+                    transport_options=broker.broker_folders(tmp_path / "celery")) as conn:
+        channel = conn.channel()
+        for n in range(300):
+            channel._put("celery", {"n": n, "properties": {"delivery_tag": f"t{n}"}})
+        listings = []
+        listdir = os.listdir
+        monkeypatch.setattr(broker.os, "listdir", lambda path: listings.append(path) or listdir(path))
+        got = []
+        for _ in range(300):
+            with pytest.raises(filesystem.Empty):
+                channel._get("worker@host.celery.pidbox")
+            got.append(channel._get("celery")["n"])
+        assert got == list(range(300))  # oldest first, each once
+        assert len(listings) == 1
+        channel._put("celery", {"n": 300, "properties": {"delivery_tag": "t300"}})
+        with pytest.raises(filesystem.Empty):
+            channel._get("celery")  # found empty a moment ago: not listed again yet
+        monkeypatch.setattr(broker, "RESCAN_SECONDS", 0.0)
+        assert channel._get("celery")["n"] == 300
+        assert len(listings) == 2
