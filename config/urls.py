@@ -2,9 +2,10 @@ from django.contrib import admin
 from django.http import HttpResponsePermanentRedirect
 from django.templatetags.static import static
 from django.urls import include, path, re_path
-from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularSwaggerView
 
 from marketplace.api.errors import api_not_found
+from marketplace.api.schema_view import SchemaView
 from marketplace.api.stripe_webhook import stripe_webhook
 from marketplace.views.auth import admin_login
 from marketplace.views.prometheus import metrics
@@ -19,7 +20,7 @@ urlpatterns = [
     path("metrics", metrics, name="prometheus-metrics"),
     # Pages name their icon (templates/base.html); browsers and tools that ask the root for it get it too.
     path("favicon.ico", lambda request: HttpResponsePermanentRedirect(static("favicon.svg"))),
-    path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/schema/", SchemaView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     # A script that asks for a path the API does not have (or forgot the trailing slash), with any method, gets
     # the API's error shape, not an HTML page.

@@ -155,3 +155,45 @@ def test_the_docs_check_would_catch_a_misspelt_or_mistyped_field(schema):
     assert not _validator(schema, ref).is_valid({"mode": "sometimes"})
     assert not _validator(schema, ref).is_valid({"mode": "on_demand", "workload": {"ports": [{"port": "ssh"}]}})
     assert _validator(schema, ref).is_valid({"mode": "on_demand", "window_start": None})
+
+
+def test_the_schema_is_generated_one_request_at_a_time(monkeypatch):
+    """drf-spectacular's generator is not thread-safe and ASGI runs each request in a thread of its own: two
+    clients fetching the schema from a fresh web process got a 500. The view lets one generation run at a time."""
+    import threading
+    import time
+
+    from django.test import RequestFactory
+
+    from marketplace.api.schema_view import SchemaView
+
+    running, most = [0], [0]
+    guard = threading.Lock()
+    generate = SchemaGenerator.get_schema
+
+    def slow_get_schema(self, *args, **kwargs):
+        with guard:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+        time.sleep(0.2)  # long enough for the other threads to arrive
+        try:
+            return generate(self, *args, **kwargs)
+        finally:
+            with guard:
+                running[0] -= 1
+
+    monkeypatch.setattr(SchemaGenerator, "get_schema", slow_get_schema)
+    statuses = []
+    view = SchemaView.as_view()
+
+    def fetch():
+        response = view(RequestFactory().get("/api/schema/", {"format": "json"}))
+        statuses.append(response.render().status_code)
+
+    threads = [threading.Thread(target=fetch) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert statuses == [200] * 4
+    assert most[0] == 1
