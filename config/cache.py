@@ -3,13 +3,19 @@
 The API's throttles and the per-address log-in and API-key throttles (marketplace/products/accounts/throttle.py)
 use the cache; an account's lock-out is kept in the database and holds while Redis is away. A Redis restart must not turn every API request into a 500: during it a
 read finds nothing and a write is dropped (throttles let requests through for those seconds), with one warning.
+
+One client, and so one connection pool, per process and Redis: Django keeps a cache object per thread, and ASGI
+runs each request's sync code in a thread of its own, so Django's backend made a pool and a new TCP connection to
+Redis (with its handshake) for every API request, and dropped it after.
 """
 from __future__ import annotations
 
 import logging
+import threading
 import time
 
 from django.core.cache.backends.redis import RedisCache
+from django.utils.functional import cached_property
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -19,8 +25,23 @@ _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, OSError)
 WARN_EVERY_SECONDS = 30.0
 
 
+_clients: dict[tuple, object] = {}
+_clients_lock = threading.Lock()
+
+
 class FailOpenRedisCache(RedisCache):
     _warned_at = float("-inf")
+
+    @cached_property
+    def _cache(self):
+        """The process's client for these servers and options (redis-py's pools are thread-safe and start afresh in a
+        forked child)."""
+        key = (self._class, tuple(self._servers), repr(sorted(self._options.items())))
+        with _clients_lock:
+            client = _clients.get(key)
+            if client is None:
+                client = _clients[key] = self._class(self._servers, **self._options)
+        return client
 
     def _unreachable(self, exc: Exception) -> None:
         now = time.monotonic()

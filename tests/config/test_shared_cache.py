@@ -58,3 +58,30 @@ def test_a_throttle_lets_requests_through_while_redis_is_away(caplog):
     request = _anonymous("198.51.100.8")
     assert all(_allowed(cache, request) for _ in range(3))  # not a 500 on every request: counted again later
     assert "the cache (Redis) is unreachable" in caplog.text
+
+
+def test_the_cache_objects_of_a_process_share_one_client_for_the_same_redis():
+    """Django makes a cache object per thread and ASGI a thread per request: each used to open its own pool."""
+    options = {"OPTIONS": {"socket_connect_timeout": 1, "socket_timeout": 1}}
+    first = FailOpenRedisCache("redis://127.0.0.1:6390/0", options)
+    second = FailOpenRedisCache("redis://127.0.0.1:6390/0", options)
+    assert first._cache is second._cache
+    assert first._cache._get_connection_pool(write=True) is second._cache._get_connection_pool(write=True)
+    assert FailOpenRedisCache("redis://127.0.0.1:6390/1", options)._cache is not first._cache
+
+
+@on_redis
+def test_requests_each_in_a_thread_of_their_own_reuse_one_redis_connection():
+    import threading
+
+    def one_request():  # what ASGI does for each request: a new thread, so a new cache object
+        cache = CacheHandler(settings.CACHES)["default"]
+        cache.set("shared-cache-test", 1, timeout=10)
+        assert cache.get("shared-cache-test") == 1
+
+    for _ in range(30):
+        thread = threading.Thread(target=one_request)
+        thread.start()
+        thread.join()
+    pool = CacheHandler(settings.CACHES)["default"]._cache._get_connection_pool(write=True)
+    assert pool._created_connections == 1  # was 30: a connection and its handshake for every request
