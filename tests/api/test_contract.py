@@ -39,7 +39,8 @@ def stack(tmp_path_factory):
                        "FLEET_HEARTBEAT_TIMEOUT": "3600"})
     # The embedded default (the demo's), also where CI has Redis: the one web process bounds the runs (the two
     # schemathesis clients need a tenth of its CPU), and with Redis behind cache and channel layer each request
-    # costs it more (the run took 1.4× as long here). Redis-backed stacks are the scale-out and fault suites' subject.
+    # costs it more (1.4× the run's time here, measured before config/cache.py shared one connection pool per
+    # process). Redis-backed stacks are the scale-out and fault suites' subject.
     s.env.pop("REDIS_URL", None)
     with s.running():
         yield s
