@@ -10,8 +10,8 @@ from drf_spectacular.views import SpectacularAPIView
 class SchemaView(SpectacularAPIView):
     """GET /api/schema/, one generation at a time per process. drf-spectacular's generator is not thread-safe (its
     extensions load their target classes lazily and its warning counters are shared: upstream issues #1123 and
-    #1368), and Django runs each ASGI request's sync code in a thread of its own, so two clients fetching the schema
-    from a freshly started web process could get a 500 ('NoneType' object has no attribute 'startswith')."""
+    #1368), and Django runs each ASGI request's sync code in a thread of its own, so clients fetching the schema at
+    the same moment could get a 500 (e.g. 'NoneType' object has no attribute 'startswith' in a fresh process)."""
 
     _generating = threading.Lock()
 
