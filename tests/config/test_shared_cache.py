@@ -1,5 +1,6 @@
-"""The API's throttles count in one place for every web process: Redis when REDIS_URL is set (each process has
-its own cache client: two clients stand for two processes here), failing open while Redis is away."""
+"""The API's throttles count in one place for every web process: Redis when REDIS_URL is set (two cache objects stand
+for two processes here: neither keeps a count of its own), failing open while Redis is away; one Redis client per
+process."""
 from __future__ import annotations
 
 import os
@@ -74,12 +75,12 @@ def test_the_cache_objects_of_a_process_share_one_client_for_the_same_redis():
 def test_requests_each_in_a_thread_of_their_own_reuse_one_redis_connection():
     import threading
 
+    import redis
+
     def one_request():  # what ASGI does for each request: a new thread, so a new cache object
         cache = CacheHandler(settings.CACHES)["default"]
         cache.set("shared-cache-test", 1, timeout=10)
         assert cache.get("shared-cache-test") == 1
-
-    import redis
 
     def connections() -> int:  # as the Redis server counts them
         with redis.Redis.from_url(os.environ["REDIS_URL"]) as server:
