@@ -158,8 +158,8 @@ def test_the_docs_check_would_catch_a_misspelt_or_mistyped_field(schema):
 
 
 def test_the_schema_is_generated_one_request_at_a_time(monkeypatch):
-    """drf-spectacular's generator is not thread-safe and ASGI runs each request in a thread of its own: two
-    clients fetching the schema from a fresh web process got a 500. The view lets one generation run at a time."""
+    """drf-spectacular's generator is not thread-safe and ASGI runs each request in a thread of its own: clients
+    fetching the schema at the same moment got a 500. The view lets one generation run at a time."""
     import threading
     import time
 
