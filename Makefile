@@ -27,7 +27,7 @@ demo: $(STAMP)
 	DJANGO_SETTINGS_MODULE=config.settings.dev $(PY) manage.py demo
 
 test: $(STAMP) $(WHEELHOUSE)/.downloaded
-	$(PY) -m pytest
+	$(PY) -m tests.parallel
 
 bench: $(STAMP)
 	$(PY) bench/decision_speed.py --quick

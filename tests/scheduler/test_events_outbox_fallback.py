@@ -2,10 +2,6 @@
 in the outbox, and the relay sends it once the layer is back."""
 from __future__ import annotations
 
-import contextlib
-import shutil
-import subprocess
-
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import InMemoryChannelLayer, get_channel_layer
@@ -17,9 +13,10 @@ from marketplace.models import Lease
 from scheduler.gateway.relay import relay_once
 from scheduler.models import OutboxEvent
 from scheduler.services import events
-from tests.e2e.livestack import free_port, wait_until
+from tests.e2e.livestack import free_port
 from tests.factories import UserFactory
 from tests.marketplace.marketsim import Fleet, top_up
+from tests.redisserver import needs_redis_server, redis_server
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -74,21 +71,7 @@ def test_ending_a_lease_while_the_layer_is_down_answers_200_and_its_events_follo
     assert OutboxEvent.objects.count() == 0
 
 
-@contextlib.contextmanager
-def redis_server(port: int):
-    """A Redis of the test's own on a free loopback port (the shared one is never stopped)."""
-    proc = subprocess.Popen(["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                             "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        wait_until(lambda: subprocess.run(["redis-cli", "-p", str(port), "ping"], capture_output=True,
-                                          text=True).stdout.strip() == "PONG", timeout=20, what="redis-server")
-        yield proc
-    finally:
-        proc.terminate()
-        proc.wait(10)
-
-
-@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server (CI installs it)")
+@needs_redis_server
 def test_with_redis_stopped_announcements_wait_in_the_outbox_and_the_relay_sends_them_after_its_restart():
     port = free_port()
     layers = {"default": {"BACKEND": "channels_redis.core.RedisChannelLayer",
