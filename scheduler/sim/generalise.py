@@ -7,6 +7,8 @@
     python -m scheduler.sim.generalise --cases TUNE_ON --limit 3000 --set placement.GANG_KEEP_PER_GPU=0.5
                                                    # a candidate constant of scheduler.core, on TUNE_ON
     python -m scheduler.sim.generalise --limit 3000 --orders 5   # each case on 5 node orders, paired
+    python -m scheduler.sim.generalise --cases TUNE_ON --limit 3000 --orders 3 --policies ours
+                                                   # a candidate's score on the tuning set, best-fit and ours only
 
 Two ways for ours to weigh packing against price are compared, each with one number tuned on TUNE_ON only:
 - fixed: the base weights with packing × `FIXED_PACKING` (one weighting for every workload);
@@ -360,6 +362,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="change a constant of scheduler.core for this run (repeatable), e.g. "
                          "placement.GANG_KEEP_PER_GPU=0.5")
     ap.add_argument("--limit", type=int, default=None, help="replay only the first N rows of each trace")
+    ap.add_argument("--policies", default=None, metavar="NAMES",
+                    help="comma-separated policies to run (best-fit is always run: the others are judged against "
+                         "it), e.g. best-fit,ours for a quicker candidate score")
     ap.add_argument("--orders", type=int, default=1, metavar="N",
                     help="replay each case on N node orders of its pool and judge on the means (default 1: the "
                          "pool as built)")
@@ -395,7 +400,14 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(cases_text("tuned on (not reported):", TUNE_ON)))
             print("\n".join(cases_text("reported on:", cases)))
         policies = attribution if args.attribute else fixed_and_adaptive
-        runs = [run_case(c, load, policies(), limit=args.limit, orders=args.orders) for c in cases for load in LOADS]
+        chosen = policies()
+        if args.policies:
+            wanted = ["best-fit", *(n for n in args.policies.split(",") if n and n != "best-fit")]
+            unknown = [n for n in wanted if n not in chosen]
+            if unknown:
+                ap.error(f"unknown policy {', '.join(unknown)}; known here: {', '.join(chosen)}")
+            chosen = {n: chosen[n] for n in wanted}
+        runs = [run_case(c, load, dict(chosen), limit=args.limit, orders=args.orders) for c in cases for load in LOADS]
         print("\n".join(report_lines(runs)))
         print("\n".join(summary_lines(runs)))
     print(f"{time.perf_counter() - t0:.0f}s wall clock")

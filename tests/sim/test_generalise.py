@@ -164,6 +164,18 @@ def test_running_tuned_on_cases_does_not_call_them_reported(capsys):
     assert "running (some of these are tuned on):" in out and "reported on:" not in out
 
 
+@pytest.mark.skipif(not (DEFAULT_TRACE_DIR / DEFAULT_TRACE).exists(), reason="openb traces not present")
+def test_policies_picks_which_run_beside_best_fit_and_an_unknown_one_is_a_usage_error(capsys):
+    assert G.main(["--cases", "modern-c", "--limit", "300", "--policies", "ours"]) == 0
+    out = capsys.readouterr().out
+    rows = [line.split()[3] for line in out.splitlines() if line.startswith("modern-c ")]
+    assert rows == ["best-fit", "ours", "best-fit", "ours"]  # x4 and x8, nothing else
+    assert "  ours: as good as best-fit on" in out and "bf-reordered" not in out
+    with pytest.raises(SystemExit) as e:
+        G.main(["--cases", "modern-c", "--policies", "ours,nope"])
+    assert e.value.code == 2 and "unknown policy nope" in capsys.readouterr().err
+
+
 def test_behind_beyond_noise_needs_the_paired_mean_outside_its_95_percent_interval():
     assert G.paired([0.001, 0.001, 0.001]) == (pytest.approx(0.001), 0.0)
     mean, half = G.paired([0.003, -0.001, 0.001, -0.003])
