@@ -1,7 +1,8 @@
 """`make test`: the whole suite as two pytest processes at once, each a shard of the test files.
 
     .venv/bin/python -m tests.parallel            # what `make test` runs
-    .venv/bin/python -m tests.parallel -x -k lease  # pytest options go to both shards
+    .venv/bin/python -m tests.parallel -x -k lease  # pytest options go to both shards (paths are refused:
+                                                    # run one file or folder with -m pytest PATH)
 
 Run one after the other, the suite keeps one core busy on a two-core machine: pytest is one Python process,
 and its longest tests mostly wait (the operations e2e test's scaling windows are whole minutes of wall
@@ -123,5 +124,19 @@ def run(args: list[str], *, shards: list[tuple[str, list[str], dict[str, str]]] 
     return next((code for code in codes.values() if code not in (0, NO_TESTS)), NO_TESTS)
 
 
+def paths_in(args: list[str]) -> list[str]:
+    """The arguments that name test files or folders: the shards choose those themselves."""
+    return [a for a in args if not a.startswith("-") and (ROOT / a.split("::")[0]).exists()]
+
+
+def main(argv: list[str]) -> int:
+    paths = paths_in(argv)
+    if paths:
+        print(f"tests.parallel runs the whole suite in its own two shards; for {' '.join(paths)} alone run "
+              f"{os.path.relpath(sys.executable, ROOT)} -m pytest {' '.join(paths)}", file=sys.stderr)
+        return 2
+    return run(argv)
+
+
 if __name__ == "__main__":
-    sys.exit(run(sys.argv[1:]))
+    sys.exit(main(sys.argv[1:]))

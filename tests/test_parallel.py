@@ -51,3 +51,10 @@ def test_the_progress_figure_is_the_last_one_pytest_wrote(tmp_path):
     log.write_bytes(b"collecting ...")
     with open(log, "rb") as f:
         assert parallel.progress(f) == "its start"
+
+
+def test_a_test_path_is_refused_with_the_command_that_runs_it_alone(capsys):
+    assert parallel.main(["tests/test_parallel.py::test_x", "-q"]) == 2
+    err = capsys.readouterr().err
+    assert "-m pytest tests/test_parallel.py::test_x" in err
+    assert parallel.paths_in(["-k", "lease", "-x"]) == []  # "lease" is an option's value, not a path here
