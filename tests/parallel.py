@@ -20,7 +20,7 @@ The shards share the machine's PostgreSQL and Redis servers and must not see eac
   random suffix (tests/enginefix.py); host port blocks are picked free (`free_port_block`).
 
 Each shard's output goes to a file while it runs and is printed whole when the shard ends, so the two never
-interleave; a line every minute says which shards are still running. The exit status is the first non-zero
+interleave; a line every minute says which shards are still running and how far each is. The exit status is the first non-zero
 one of the shards (0 when both passed).
 """
 from __future__ import annotations
@@ -73,9 +73,7 @@ def shard_commands(args: list[str]) -> list[tuple[str, list[str], dict[str, str]
 def progress(log) -> str:
     """How far a running shard is, from the last progress figure pytest wrote to its log ("[ 42%]")."""
     size = os.fstat(log.fileno()).st_size
-    with open(log.name, "rb") as f:
-        f.seek(max(0, size - 4096))
-        found = re.findall(rb"\[\s*(\d+)%\]", f.read())
+    found = re.findall(rb"\[\s*(\d+)%\]", os.pread(log.fileno(), 4096, max(0, size - 4096)))
     return f"{int(found[-1])}%" if found else "its start"
 
 
@@ -103,7 +101,6 @@ def run(args: list[str], *, shards: list[tuple[str, list[str], dict[str, str]]] 
                     log.seek(0)
                     print(f"\n===== {name}: exit status {proc.returncode} after "
                           f"{time.monotonic() - started:.0f} s =====", file=out, flush=True)
-                    out.flush()
                     for chunk in iter(lambda: log.read(1 << 16), b""):
                         out.write(chunk.decode(errors="replace"))
                     out.flush()
