@@ -181,7 +181,10 @@ class Agent:
         workloads = await asyncio.to_thread(self.runtime.found)
         await ws.send(protocol.encode(protocol.hello(agent_version=__version__, runtime=self.runtime.name,
                                                      workloads=workloads, **facts)))
-        welcome = await asyncio.wait_for(self._welcome(ws), self.welcome_timeout)
+        # asyncio.timeout, not wait_for: Python 3.11's wait_for returns the result and drops a cancel (stop())
+        # that lands in the same step as the welcome, and the session then runs on past the stop.
+        async with asyncio.timeout(self.welcome_timeout):
+            welcome = await self._welcome(ws)
         interval = welcome.get("metrics_interval")
         if not isinstance(interval, (int, float)) or isinstance(interval, bool) or not (
                 math.isfinite(interval) and 0.05 <= interval <= 3600):
