@@ -16,6 +16,7 @@ import heapq
 
 from nodeagent.hardware import mig
 from .model import Request
+from . import placement as placement_module
 from .placement import Option, _node_term, list_cost, multi_option, single_option, waste_for
 from .pool import FIXED, WHOLE, GpuRecord, Pool
 from .regions import rtt_ms
@@ -65,7 +66,7 @@ class FastSearch:
         alive = self.alive_kinds(request)
         multi = request.gpu_count > 1
         shape = (alive, request.memory_gb, request.compute_slices, request.wants_whole, request.profile,
-                 request.mode == "spot", multi)
+                 request.mode == "spot", multi, request.models is None)  # pinning: placement.pin_keep
         key = shape + (request.regions, request.buyer_region)
         memo = self._lists_memo
         hit = memo.get(key)
@@ -355,7 +356,7 @@ class FastSearch:
         least − P(k) for every k of the k-GPU demand), 0 where the pool leaves the node term out."""
         if not self.pool.node_term:
             return 0.0
-        return -sum(p for _, p in self.pool.mix.multi_gpu(model))
+        return -placement_module.NODE_TERM_WEIGHT * sum(p for _, p in self.pool.mix.multi_gpu(model))
 
     def _layout_rank(self, model: str, g: mig.MigGeometry, profile: str) -> list[tuple[float, tuple]]:
         """Layouts holding GPUs where `profile` fits, by Δfrag of placing it (for the empty layout, plus the

@@ -45,6 +45,10 @@ SMALLEST_PRIOR_BOOST = 3.0  # the smallest profile weighs this much more than ea
 # cost per share of the GPU left free by a slice placement (best-fit's measure; best_start): 0.4 in issue 12 §2
 # round two, 0.6 since round five (chosen on scheduler/sim/generalise.py's TUNE_ON)
 FIT_WEIGHT = 0.6
+# The start slot (issue 12 §2 round eight): the lowest legal start unless another grows Δfrag by more than this
+# much less (in shares of one GPU). 0 was the rule until round seven (the least-Δfrag start); best-fit takes the
+# lowest start always, and on scheduler/sim/generalise.py's TUNE_ON that packed better (docs/simulator.md).
+START_TOLERANCE = 0.25
 
 
 def _bits(n: int) -> int:
@@ -67,6 +71,8 @@ class DemandMix:
         self._snapshot: dict[str, tuple[tuple[str, float], ...]] = {}
         self._multi: dict[str, dict[int, float]] = defaultdict(lambda: defaultdict(float))  # model -> k -> mass
         self._node_snapshot: dict[str, tuple[tuple[int, float], ...]] = {}
+        self._pinned: dict[str, float] = defaultdict(float)  # model -> mass of the requests pinned to a list with it
+        self._pinned_snapshot: dict[str, float] = {}
         self._fit_cache: dict[tuple[str, float, int, bool], str | None] = {}
         self._shapes = [0, 0, 0]  # requests seen: for a slice of one GPU, for k >= 2 GPUs, in all
         self._shape_snapshot = (0.0, 0.0)
@@ -105,6 +111,8 @@ class DemandMix:
                 name = NO_ACCESS
             if name is not None:
                 self._counts[key][name] += max(1, request.gpu_count)
+                if request.models is not None and name != NO_ACCESS:
+                    self._pinned[key] += max(1, request.gpu_count)
                 if request.gpu_count > 1 and name != NO_ACCESS:
                     self._multi[key][request.gpu_count] += request.gpu_count
         self._shapes[2] += 1
@@ -122,6 +130,7 @@ class DemandMix:
         self.version += 1
         self._snapshot.clear()
         self._node_snapshot.clear()
+        self._pinned_snapshot.clear()
         slices, multi, total = self._shapes
         self._shape_snapshot = (slices / total, multi / total) if total else (0.0, 0.0)
 
@@ -135,14 +144,28 @@ class DemandMix:
         `distribution` (each such request weighs k there, as k full profiles, and here)."""
         snap = self._node_snapshot.get(model)
         if snap is None:
-            g = GPU_MODELS[model].mig
-            total = 0.0
-            if g is not None:
-                total = sum(self.prior(g).values()) + sum(self._counts.get(model, {}).values())
+            total = self._total(model)
             multi = self._multi.get(model, {})
             snap = tuple(sorted((k, n / total) for k, n in multi.items())) if total else ()
             self._node_snapshot[model] = snap
         return snap
+
+    def _total(self, model: str) -> float:
+        """The mass of the model's mix: its prior plus every request counted on it (0 for a model without MIG)."""
+        g = GPU_MODELS[model].mig
+        if g is None:
+            return 0.0
+        return sum(self.prior(g).values()) + sum(self._counts.get(model, {}).values())
+
+    def pinned_share(self, model: str) -> float:
+        """Share of the MIG model's mix (prior included) asked by requests pinned to a list of models that holds
+        it, up to the snapshot: what an unpinned request taking one of its GPUs takes from requests that can go
+        nowhere else (placement.pin_keep)."""
+        share = self._pinned_snapshot.get(model)
+        if share is None:
+            total = self._total(model)
+            share = self._pinned_snapshot[model] = self._pinned.get(model, 0.0) / total if total else 0.0
+        return share
 
     def no_access_share(self, model: str) -> float:
         """Share of the mix (at the snapshot) that cannot run on `model` at all."""
@@ -227,21 +250,22 @@ class FragCache:
 
     def best_start(self, model: str, geometry: mig.MigGeometry, layout: tuple[tuple[str, int], ...],
                    profile: str) -> tuple[int, float] | None:
-        """(start, cost) of the legal start that grows fragmentation least (lowest start on ties); cost = Δfrag
-        + FIT_WEIGHT × the share of the GPU left free after the placement (the same for every start)."""
+        """(start, cost) of the start a slice takes: the lowest legal start whose Δfrag is within START_TOLERANCE
+        of the least (`START_TOLERANCE`); cost = its Δfrag + FIT_WEIGHT × the share of the GPU left free after
+        the placement (the same for every start). None where the profile has no legal start."""
         self._check()
         key = (model, layout, profile)
         if key in self._best:
             return self._best[key]
         insts = [mig.Instance(p, s) for p, s in layout]
         before = self.frag(model, geometry, layout)
-        best: tuple[int, float] | None = None
         fit = FIT_WEIGHT * max(0.0, free_share(geometry, layout + ((profile, 0),))) if FIT_WEIGHT else 0.0
-        for s in mig.legal_starts(geometry, insts, profile):
-            after = self.frag(model, geometry, tuple(sorted(layout + ((profile, s),))))
-            delta = after - before + fit
-            if best is None or delta < best[1] - 1e-12:
-                best = (s, delta)
+        deltas = [(s, self.frag(model, geometry, tuple(sorted(layout + ((profile, s),)))) - before + fit)
+                  for s in mig.legal_starts(geometry, insts, profile)]  # ascending starts
+        best = None
+        if deltas:
+            least = min(d for _, d in deltas)
+            best = next((s, d) for s, d in deltas if d <= least + START_TOLERANCE + 1e-12)
         self._best[key] = best
         return best
 

@@ -2,12 +2,14 @@
 
 - A slice request takes the smallest MIG profile with the memory and compute asked for
   (`mig.smallest_fitting_profile`); on a GPU that is not split (no MIG, or MIG off) it takes the whole GPU.
-- On a MIG GPU the start slot is the legal start whose Δfrag (fragmentation.py) is smallest.
+- On a MIG GPU the start slot is the lowest legal start unless another grows Δfrag (fragmentation.py) much
+  less (`fragmentation.START_TOLERANCE`).
 - A whole-GPU request takes a GPU with no instances. Taking an empty MIG GPU whole for a single-GPU request
-  costs the gangs it could have served (`gang_keep`: the model's demand mix for several GPUs on one node,
-  weighted by gang size): where such demand is seen, single whole GPUs go to non-MIG GPUs first and the
-  MIG nodes stay whole for gangs; where it is not, an empty MIG GPU is as good as any (taking it whole even
-  removes its small fragmentation), and slices fit beside other slices on part-used GPUs anyway.
+  costs the gangs it could have served (`gang_keep`: the model's demand mix for several GPUs on one node that
+  a node of the pool can host, weighted by gang size): where such demand is seen, single whole GPUs go to
+  non-MIG GPUs first and the MIG nodes stay whole for gangs; where it is not, an empty MIG GPU is as good as
+  any (taking it whole even removes its small fragmentation), and slices fit beside other slices on part-used
+  GPUs anyway. A request that could run on any model also costs the model's demand pinned to it (`pin_keep`).
 - A slice that is much larger than asked for (a whole L4 for 4 GB) can cost the memory it wastes
   (`WASTE_WEIGHT`, 0 by default since issue 12 §2 round two).
 - k GPUs on one node: the k free GPUs of that node with the lowest packing cost.
@@ -33,15 +35,22 @@ if TYPE_CHECKING:
 
 # The keep charge on a free MIG GPU taken whole by a single-GPU request (issue 12 §2 round five, chosen on
 # scheduler/sim/generalise.py's TUNE_ON, docs/simulator.md): GANG_KEEP_PER_GPU × Σ_k P(k) × k over the model's
-# demand for k GPUs on one node (DemandMix.multi_gpu), so an 8-GPU gang weighs four times a 2-GPU one; at most
-# Σ_k P(k) (the most the node term can give back) + GANG_KEEP_MARGIN, so that a single taken from a node that
-# can host no gang anyway stays inside the packing scorer's range (scorers.PACKING_NEUTRAL) and the node term
-# still tells it from an empty node. It replaced a charge for the model's slice demand.
+# demand for k GPUs on one node that a node of the pool can host (Pool.gangs), so an 8-GPU gang weighs four
+# times a 2-GPU one; at most NODE_TERM_WEIGHT × Σ_k P(k) (the most the node term can give back) +
+# GANG_KEEP_MARGIN, so that a single taken from a node that can host no gang anyway stays inside the packing
+# scorer's range (scorers.PACKING_NEUTRAL) and the node term still tells it from an empty node.
 GANG_KEEP_PER_GPU = 0.375
 GANG_KEEP_MARGIN = 0.25
 # cost per share of a GPU's memory handed out but not asked for: 0 since issue 12 §2 round two (tuned on
 # scheduler/sim/generalise.py's TUNE_ON: 0.5 lost to 0 there, with NO_ACCESS off and the fit term on)
 WASTE_WEIGHT = 0.0
+# The pin charge (issue 12 §2 round eight; found in round seven on scheduler/sim/generalise.py's TUNE_ON, where
+# `spec30`'s pinned requests waited once the keep charge counted only gangs a node can host): an unpinned single
+# whole GPU taken from a free MIG GPU pays PIN_KEEP_WEIGHT × the share of that model's demand pinned to it.
+PIN_KEEP_WEIGHT = 1.0
+# The weight of FGD's node term (`_node_term`, fragmentation.node_delta) in the packing cost: 1 (FGD's own) until
+# issue 12 §2 round eight, chosen then on scheduler/sim/generalise.py's TUNE_ON (docs/simulator.md).
+NODE_TERM_WEIGHT = 0.25
 
 Layout = tuple[tuple[str, int], ...]
 
@@ -100,17 +109,26 @@ def whole_cost_for(pool: "Pool", model: str, geometry: MigGeometry | None, reque
     if request.gpu_count > 1:
         return taken  # a gang is what the keep charge keeps GPUs for (its node term is in multi_option)
     # Slices fit beside others on part-used GPUs; requests for k GPUs on one node need k free ones there. So a
-    # single whole GPU taken from a MIG model costs that model's demand for several.
-    return taken + gang_keep(pool.mix.multi_gpu(model))
+    # single whole GPU taken from a MIG model costs that model's demand for several that its nodes can host, and
+    # one that could go anywhere costs the demand that can go only to this model.
+    return taken + gang_keep(pool.gangs(model)) + pin_keep(pool, model, request)
 
 
 def gang_keep(multi: Sequence[tuple[int, float]]) -> float:
-    """The keep charge for (k, P(k)) gang demand: GANG_KEEP_PER_GPU × Σ P(k) × k, at most Σ P(k) +
-    GANG_KEEP_MARGIN (0 without gang demand)."""
+    """The keep charge for (k, P(k)) gang demand: GANG_KEEP_PER_GPU × Σ P(k) × k, at most NODE_TERM_WEIGHT ×
+    Σ P(k) + GANG_KEEP_MARGIN (0 without gang demand)."""
     if not multi:
         return 0.0
     mass = sum(p for _, p in multi)
-    return min(GANG_KEEP_PER_GPU * sum(p * k for k, p in multi), mass + GANG_KEEP_MARGIN)
+    return min(GANG_KEEP_PER_GPU * sum(p * k for k, p in multi), NODE_TERM_WEIGHT * mass + GANG_KEEP_MARGIN)
+
+
+def pin_keep(pool: "Pool", model: str, request: Request) -> float:
+    """The pin charge on a free MIG GPU taken whole by a request that is not pinned to GPU models: PIN_KEEP_WEIGHT
+    × the share of the model's demand pinned to it (`DemandMix.pinned_share`); a pinned request pays none."""
+    if request.models is not None or not PIN_KEEP_WEIGHT:
+        return 0.0
+    return PIN_KEEP_WEIGHT * pool.mix.pinned_share(model)
 
 
 def list_cost(pool: "Pool", model: str, key: str, request: Request) -> float:
@@ -131,7 +149,7 @@ def _node_term(pool: "Pool", node: NodeState, gpu: GpuState, taken: int) -> floa
     """FGD's node-level term for requests of k GPUs on one node (fragmentation.node_delta)."""
     if gpu.geometry is None or not pool.node_term:
         return 0.0
-    return node_delta(pool.mix.multi_gpu(gpu.model), pool.node_free[node.id], taken)
+    return NODE_TERM_WEIGHT * node_delta(pool.mix.multi_gpu(gpu.model), pool.node_free[node.id], taken)
 
 
 def single_option(pool: "Pool", node: NodeState, gpu: GpuState, request: Request, *,
@@ -148,7 +166,7 @@ def single_option(pool: "Pool", node: NodeState, gpu: GpuState, request: Request
         rec = pool.record(gpu.uuid)
         nf = pool.node_free[node.id] if node_term and pool.node_term and rec.free_whole and not gpu.instances else -1
         key = (rec.sig, rec.layout, not gpu.instances, request.memory_gb, request.compute_slices,
-               request.wants_whole, request.profile, nf, request.gpu_count > 1)
+               request.wants_whole, request.profile, nf, request.gpu_count > 1, request.models is None)
         memo = pool.option_memo()
         hit = memo.get(key, False)
         if hit is False:

@@ -38,7 +38,7 @@ market recorded per model (`spot_factors`) or else the one the model's free shar
 from __future__ import annotations
 
 import bisect
-from collections import defaultdict
+from collections import Counter, defaultdict
 from contextlib import contextmanager
 from copy import deepcopy
 from typing import Iterable, Iterator
@@ -181,6 +181,14 @@ class Pool:
                 self.by_node[node.id].append(rec)
                 self.by_kind[(gpu.model, gpu.geometry is None)].append(rec)
                 self._refresh(rec)
+        # model -> the most GPUs of it on one node: a request for more on one node can never run here
+        self.most_on_a_node: dict[str, int] = {}
+        for node_id, recs in self.by_node.items():
+            per_model = Counter(rec.gpu.model for rec in recs)
+            for model, n in per_model.items():
+                self.most_on_a_node[model] = max(n, self.most_on_a_node.get(model, 0))
+        self._gangs: dict[str, tuple[tuple[int, float], ...]] = {}
+        self._gangs_version = -1
 
     # --- what filters and scorers ask (filters.PoolView) -----------------------------------------------
 
@@ -269,6 +277,19 @@ class Pool:
             if self.slice_for(g, request)[1] is None:
                 n += 1
         return n
+
+    def gangs(self, model: str) -> tuple[tuple[int, float], ...]:
+        """The model's demand for k GPUs on one node (`DemandMix.multi_gpu`) that a node of this pool can host:
+        k at most the most GPUs of the model on one node. The mix counts a k-GPU request on every MIG model it
+        could run on, so without this the A30s of nodes of two and four carry the demand of 8-GPU jobs."""
+        if self._gangs_version != self.mix.version:
+            self._gangs = {}
+            self._gangs_version = self.mix.version
+        hit = self._gangs.get(model)
+        if hit is None:
+            most = self.most_on_a_node.get(model, 0)
+            hit = self._gangs[model] = tuple((k, p) for k, p in self.mix.multi_gpu(model) if k <= most)
+        return hit
 
     def option_memo(self) -> dict:
         """placement.single_option's memo of what an option on a GPU's own layout costs, valid for one

@@ -145,3 +145,18 @@ def test_waste_on_a_mig_gpu_counts_only_for_the_demand_that_could_run_there():
     na = mix.no_access_share("a30-24gb")
     delta = -FR.frag(rec.gpu.geometry, [], mix.distribution("a30-24gb"))
     assert opt.pack_cost == pytest.approx(delta + WASTE_WEIGHT * (24 - 13) / 24 * (1 - na))
+
+
+@pytest.mark.parametrize("weight", [1.0, 0.25])
+def test_the_node_term_enters_the_packing_cost_with_its_weight(monkeypatch, weight):
+    from scheduler.core import placement
+    monkeypatch.setattr(placement, "NODE_TERM_WEIGHT", weight)
+    costs = []
+    for with_node_term in (True, False):
+        pool = Pool([node("a", *[gpu(f"a{i}") for i in range(8)])], mix=_mix_with_eight_gpu_demand())
+        pool.node_term = with_node_term
+        opt = placement.single_option(pool, pool.nodes["a"], pool.gpu("a0"), Request(whole_gpu=True))
+        costs.append(opt.pack_cost)
+    multi = _mix_with_eight_gpu_demand().multi_gpu("a100-80gb")
+    assert costs[0] - costs[1] == pytest.approx(weight * FR.node_delta(multi, 8, 1))
+    assert FR.node_delta(multi, 8, 1) == pytest.approx(7 * multi[0][1])  # the last node able to host an 8-GPU job

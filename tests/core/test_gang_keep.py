@@ -4,6 +4,8 @@ A single whole GPU taken from a free MIG GPU costs GANG_KEEP_PER_GPU × Σ_k P(k
 k GPUs on one node, at most Σ_k P(k) + GANG_KEEP_MARGIN; slices no longer buy a keep charge (they fit beside
 other slices on part-used GPUs, and an empty MIG GPU is itself fragmented for the slices that cannot cover all
 of it), and a gang pays none. Measured on scheduler/sim/generalise.py's variants: docs/simulator.md, "Round five".
+Since round eight the charge counts only gangs a node of the model can host (`Pool.gangs`), and an unpinned single
+pays the share of the model's demand that is pinned to it (`placement.pin_keep`; docs/simulator.md, "Round eight").
 """
 from __future__ import annotations
 
@@ -52,7 +54,9 @@ def test_gang_demand_sends_single_whole_requests_to_non_mig_gpus(mode):
     assert multi and multi[0][0] == 4
     empty = pool.frags.whole_delta("a100-80gb", pool.gpu("m0").geometry)
     single = placement.whole_cost(pool, pool.gpu("m0"), Request(whole_gpu=True))
-    assert single == pytest.approx(empty + placement.GANG_KEEP_PER_GPU * 4 * multi[0][1])
+    keep = min(placement.GANG_KEEP_PER_GPU * 4 * multi[0][1],
+               placement.NODE_TERM_WEIGHT * multi[0][1] + placement.GANG_KEEP_MARGIN)
+    assert single == pytest.approx(empty + keep) and keep > 0.25
     d = Scheduler(pool, weights=PACK_ONLY, adapt_weights=False, mode=mode).decide(Request(whole_gpu=True))
     assert d.ok and d.placements[0].node_id == "p"
 
@@ -60,10 +64,12 @@ def test_gang_demand_sends_single_whole_requests_to_non_mig_gpus(mode):
 def test_the_keep_charge_weighs_gangs_by_size_and_is_capped():
     assert placement.gang_keep(()) == 0.0
     assert placement.gang_keep(((2, 0.1),)) == pytest.approx(placement.GANG_KEEP_PER_GPU * 0.2)
-    assert placement.gang_keep(((8, 0.1),)) == pytest.approx(4 * placement.gang_keep(((2, 0.1),)))
-    # mostly 8-GPU demand: capped at Σ P(k) + the margin, so a single taken from a node that can host no gang
-    # (node term − Σ P(k)) still scores inside the packing range (tests/core/test_fgd_terms.py)
-    assert placement.gang_keep(((8, 0.8),)) == pytest.approx(0.8 + placement.GANG_KEEP_MARGIN)
+    assert placement.gang_keep(((8, 0.05),)) == pytest.approx(4 * placement.gang_keep(((2, 0.05),)))
+    # mostly 8-GPU demand: capped at what the node term gives back (NODE_TERM_WEIGHT × Σ P(k)) + the margin, so
+    # a single taken from a node that can host no gang still scores inside the packing range
+    # (tests/core/test_fgd_terms.py)
+    assert placement.gang_keep(((8, 0.8),)) == pytest.approx(
+        placement.NODE_TERM_WEIGHT * 0.8 + placement.GANG_KEEP_MARGIN)
     assert placement.GANG_KEEP_MARGIN < 0.5
 
 
@@ -77,3 +83,72 @@ def test_a_gang_pays_no_keep_charge_even_after_a_single_was_costed_on_the_same_l
     assert single.pack_cost > gang.pack_cost + 0.1
     d = Scheduler(pool, weights=PACK_ONLY, adapt_weights=False).decide(Request(gpu_count=4))
     assert d.ok and {p.node_id for p in d.placements} == {"m"}
+
+
+@pytest.mark.parametrize("mode", ["fast", "exhaustive"])
+def test_gangs_no_node_of_the_model_can_host_add_no_keep_charge(mode):
+    # 8-GPU jobs could run on any MIG model, so the mix counts them on the A30s too; no A30 node has eight
+    big = node("big", *[gpu(f"b{i}") for i in range(8)])  # first in pool order: a tie would go to it
+    small = node("small", gpu("s0", "a30-24gb"), gpu("s1", "a30-24gb"))
+    pool = Pool([big, small], mix=_mix((Request(gpu_count=8), 10), (Request(whole_gpu=True), 30)))
+    assert pool.mix.multi_gpu("a30-24gb") and pool.gangs("a30-24gb") == ()
+    assert pool.gangs("a100-80gb") == pool.mix.multi_gpu("a100-80gb")
+    a30 = pool.gpu("s0")
+    assert placement.whole_cost(pool, a30, Request(whole_gpu=True)) == pytest.approx(
+        pool.frags.whole_delta("a30-24gb", a30.geometry))
+    d = Scheduler(pool, weights=PACK_ONLY, adapt_weights=False, mode=mode).decide(Request(whole_gpu=True))
+    assert d.ok and d.placements[0].node_id == "small"
+
+
+def _pinned_pool() -> Pool:
+    # the A30 first in pool order, so a tie would go to it; a third of the demand can run only on A30s
+    a30 = node("a30", gpu("p0", "a30-24gb"))
+    plain = node("l4", gpu("q0", "l4", mig_on=False))
+    pinned = Request(whole_gpu=True, models=frozenset({"a30-24gb"}))
+    return Pool([a30, plain], mix=_mix((pinned, 20), (Request(whole_gpu=True), 40)))
+
+
+def test_an_unpinned_single_pays_for_the_demand_pinned_to_the_model_and_a_pinned_one_does_not():
+    pool = _pinned_pool()
+    share = pool.mix.pinned_share("a30-24gb")
+    assert pool.mix.pinned_share("a100-80gb") == 0.0 and 0.2 < share < 1 / 3  # the prior is in the mix too
+    a30, n = pool.gpu("p0"), pool.nodes["a30"]
+    free = placement.whole_cost(pool, a30, Request(whole_gpu=True, models=frozenset({"a30-24gb"})))
+    assert free == pytest.approx(pool.frags.whole_delta("a30-24gb", a30.geometry))
+    unpinned = placement.single_option(pool, n, a30, Request(whole_gpu=True), node_term=False)
+    pinned = placement.single_option(pool, n, a30, Request(whole_gpu=True, models=frozenset({"a30-24gb"})),
+                                     node_term=False)  # the same GPU and shape, memoised apart
+    assert unpinned.pack_cost == pytest.approx(free + placement.PIN_KEEP_WEIGHT * share)
+    assert pinned.pack_cost == pytest.approx(free)
+
+
+@pytest.mark.parametrize("mode", ["fast", "exhaustive"])
+def test_an_unpinned_single_leaves_the_gpus_pinned_demand_needs(monkeypatch, mode):
+    def choice():
+        d = Scheduler(_pinned_pool(), weights=PACK_ONLY, adapt_weights=False, mode=mode).decide(
+            Request(whole_gpu=True))
+        assert d.ok
+        return d.placements[0].node_id
+
+    assert choice() == "l4"
+    monkeypatch.setattr(placement, "PIN_KEEP_WEIGHT", 0.0)
+    assert choice() == "a30"  # without the charge the two cost the same and pool order takes the A30
+
+
+def test_the_pinned_share_moves_only_when_the_mix_is_refreshed():
+    mix = FR.DemandMix(refresh_every=1000)
+    assert mix.pinned_share("a30-24gb") == 0.0
+    mix.observe(Request(whole_gpu=True, models=frozenset({"a30-24gb"})))
+    assert mix.pinned_share("a30-24gb") == 0.0  # cached values stay valid until the snapshot moves
+    mix.refresh()
+    assert mix.pinned_share("a30-24gb") > 0.0 and mix.pinned_share("l4") == 0.0
+
+
+def test_the_fast_walk_keeps_pinned_and_unpinned_requests_of_one_shape_apart():
+    # pinned to every model of the pool: the same GPUs and shape as an unpinned request, but no pin charge
+    # (the walk stops at the first GPU that passes, so it must meet the lists in the order of their real cost)
+    everywhere = frozenset({"a30-24gb", "l4"})
+    for first, second in ((everywhere, None), (None, everywhere)):
+        sched = Scheduler(_pinned_pool(), weights=PACK_ONLY, adapt_weights=False, mode="fast", max_candidates=1)
+        got = [sched.decide(Request(whole_gpu=True, models=m)).placements[0].node_id for m in (first, second)]
+        assert got == ["a30" if first else "l4", "a30" if second else "l4"]

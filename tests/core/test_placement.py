@@ -1,4 +1,5 @@
-"""Profile choice, start choice by fragmentation, whole and k-GPU placement."""
+"""Profile choice, start choice (the lowest legal start unless another grows fragmentation much less), whole and
+k-GPU placement."""
 from __future__ import annotations
 
 import pytest
@@ -54,6 +55,29 @@ def test_a_1g_is_placed_where_it_keeps_the_4g_start_free_when_4g_is_in_demand():
     assert d.placements[0].profile == "1g.10gb" and d.placements[0].start >= 4
 
 
+@pytest.mark.parametrize("mode", ["fast", "exhaustive"])
+@pytest.mark.parametrize("other,least,taken", [
+    ((30, 1), 6, 0),  # 3g.40gb demand: slot 6 saves 0.01 of Δfrag, too little to leave the lowest start
+    ((40, 4), 6, 4),  # 4g.40gb demand: slot 0 would take the only 4g start (+0.3); 4 is the lowest start close to 6
+])
+def test_a_slice_takes_the_lowest_legal_start_unless_another_grows_fragmentation_much_less(
+        monkeypatch, mode, other, least, taken):
+    def start(tolerance):
+        monkeypatch.setattr(FR, "START_TOLERANCE", tolerance)
+        mix = FR.DemandMix(refresh_every=1)
+        for _ in range(200 if other == (40, 4) else 50):
+            mix.observe(Request(memory_gb=other[0], compute_slices=other[1]))
+        for _ in range(100):
+            mix.observe(Request(memory_gb=5))
+        pool = Pool([node("n", gpu("g"))], mix=mix)
+        d = Scheduler(pool, weights=PACK_ONLY, adapt_weights=False, mode=mode).decide(Request(memory_gb=5))
+        assert d.ok and d.placements[0].profile == "1g.10gb"
+        return d.placements[0].start
+
+    assert start(FR.START_TOLERANCE) == taken
+    assert start(0.0) == least  # the least-Δfrag start (the rule until issue 12 §2 round eight)
+
+
 def test_a_slice_goes_to_the_gpu_it_completes_rather_than_a_fresh_one():
     # g-part holds a 4g at 0 and a 2g at 4: a 1g.20gb at 6 completes it; a fresh GPU would be cut into
     nodes = [node("n", gpu("fresh"), gpu("part", instances=[("4g.40gb", 0), ("2g.20gb", 4)]))]
@@ -64,7 +88,9 @@ def test_a_slice_goes_to_the_gpu_it_completes_rather_than_a_fresh_one():
 @pytest.mark.parametrize("mode", ["fast", "exhaustive"])
 def test_a_whole_gpu_request_prefers_a_non_mig_gpu_where_gangs_are_seen(mode):
     # the keep charge is for gangs (placement.gang_keep; without them see tests/core/test_gang_keep.py)
-    nodes = [node("m", gpu("mig", "a100-80gb")), node("w", gpu("plain", "a100-80gb", mig_on=False))]
+    # (the MIG node has four GPUs: the 4-GPU gangs could run there, so their demand is charged for)
+    nodes = [node("m", *[gpu(f"mig{i}", "a100-80gb") for i in range(4)]),
+             node("w", gpu("plain", "a100-80gb", mig_on=False))]
     sched = only_packing(nodes, mode=mode)
     for _ in range(10):
         sched.pool.mix.observe(Request(gpu_count=4))
