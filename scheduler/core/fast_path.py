@@ -4,8 +4,9 @@
 model and region) best estimate first — static node key (the spot key, with the interruption term, for spot
 requests), latency term, minus the packing share × the packing cost the list's GPUs share and, for free
 MIG GPUs, their node term — until `max_candidates` GPUs passed the filters; then a short packing walk
-(`_best_packing`: layout buckets in order of packing cost, GPUs in the same estimate order) brings the
-tightest fits into the comparison; k-GPU requests check whole nodes (`_nodes`). Every term the scorers
+(`_best_packing`: layout buckets in order of packing cost, and for a slice the free GPUs that are not
+split as one bucket per model at their list's cost, GPUs in the same estimate order) brings the tightest
+fits into the comparison; k-GPU requests check whole nodes (`_nodes`). Every term the scorers
 weigh is in one of the two orders, which is what keeps the fast choice within 1% of the exhaustive one
 with small budgets (bench/decision_speed.py, tests/core/test_fast_agreement.py). It holds the memos these
 walks use: index lists per request shape, fitting profiles, latency terms and layout ranks.
@@ -234,7 +235,9 @@ class FastSearch:
     def _best_packing(self, request: Request):
         """GPUs best-first by an estimate of their score: − packing share × 100 × the packing cost of their
         layout bucket + static key (the spot key for spot requests) + the region's latency term (ties: pool
-        index), over the layout buckets of the kinds the request can use. A bucket's cost is its Δfrag plus
+        index), over the layout buckets of the kinds the request can use; the free GPUs of a model that is not
+        split (no MIG, or MIG off) with the memory asked are one more bucket, at their list's cost (`list_cost`:
+        the slice takes the whole GPU, with no Δfrag), so a free L4 is weighed beside part-used MIG GPUs. A bucket's cost is its Δfrag plus
         the kind's waste term (the same for every GPU of a model), rounded to 1e-9 so that costs equal but
         for float rounding tie. Each kind's buckets are opened in cost order while one could still beat the
         best item waiting (no key of the model exceeds `Pool.model_max_key`, no latency term the request's
@@ -255,9 +258,20 @@ class FastSearch:
         # their heads, the kind's highest key + latency term)
         pending: list[tuple] = []
         model_of: dict[int, str] = {}
+        avail = pool.avail_spot if spot else pool.avail
         for n, (model, mig_off) in enumerate(sorted(self.alive_kinds(request))):
             g = pool.spec(model).mig
             if mig_off or g is None:
+                # a GPU that is not split takes the slice whole: one bucket at the list's cost (its waste), so
+                # a free L4 is weighed beside part-used MIG GPUs that pay Δfrag and the fit term
+                lists = avail.get((model, FIXED))
+                heads = [lst[0][0] for lst in lists.values() if lst] if lists else None
+                if heads and pool.spec(model).memory_gb >= request.memory_gb:
+                    cost = list_cost(pool, model, FIXED, request)
+                    top = top_keys[model] + lat_top
+                    pending.append((wp * cost - top, n, cost, 0.0, [(cost, FIXED)], {FIXED: lists},
+                                    {FIXED: min(heads)}, top))
+                    model_of[n] = model
                 continue
             p = self._fitting(model, g, request)
             if p is None:
@@ -306,6 +320,8 @@ class FastSearch:
             est, idx, j, c, lst, nt = pop(heap)
             if j == -1:  # a bucket: its region lists (the one with the best head is popped next)
                 for region, rl in lst.items():  # type: ignore[attr-defined]
+                    if not rl:
+                        continue  # an index list of FIXED GPUs stays when its last GPU is taken
                     lat = lats.get(region)
                     if lat is None:
                         if request.regions is not None and region not in request.regions:
