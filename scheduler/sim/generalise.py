@@ -9,6 +9,8 @@
     python -m scheduler.sim.generalise --limit 3000 --orders 5   # each case on 5 node orders, paired
     python -m scheduler.sim.generalise --cases TUNE_ON --limit 3000 --orders 3 --policies ours
                                                    # a candidate's score on the tuning set, best-fit and ours only
+    python -m scheduler.sim.generalise --cases TUNE_ON,SCREEN_ON --limit 3000 --orders 3 --policies ours
+                                                   # ... and on round nine's screening cases (never reported)
 
 Two ways for ours to weigh packing against price are compared, each with one number tuned on TUNE_ON only:
 - fixed: the base weights with packing × `FIXED_PACKING` (one weighting for every workload);
@@ -94,6 +96,17 @@ TUNE_ON: tuple[Case, ...] = (
 )
 # and a second seed of each (round five): one seed's multi-GPU runs alone moved the loss by ±1
 TUNE_ON += tuple(c.reseeded(seed) for c, seed in zip(TUNE_ON, (41, 42, 43, 44, 51)))
+# Round nine's screening cases (docs/simulator.md, "Round nine"): seeds never used before, of the kinds the
+# reported set showed behind (a share above 80%, a modern pool with multi-GPU demand or heavy sharing). They
+# are for diagnosing and screening candidates beside TUNE_ON, and are never reported on.
+SCREEN_ON: tuple[Case, ...] = (
+    Case("share85t", variant=PodVariant(share=0.85, seed=61)),
+    Case("share90t", variant=PodVariant(share=0.9, seed=62)),
+    Case("modern-dt", variant=PodVariant(multi=0.06, seed=63),
+         nodes_variant=NodeVariant(gpus=130, big=0.7, h100=0.45, l4=0.45, seed=63)),
+    Case("modern-et", variant=PodVariant(share=0.8, seed=64),
+         nodes_variant=NodeVariant(gpus=140, big=0.6, h100=0.4, l4=0.5, seed=64)),
+)
 REPORT_ON: tuple[Case, ...] = (
     Case("gpushare40", trace="openb_pod_list_gpushare40.csv"),
     Case("gpuspec33", trace="openb_pod_list_gpuspec33.csv"),
@@ -356,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--attribute", action="store_true",
                     help="ours with best-fit's choice for one kind of request (whole, multi, slice) at a time")
     ap.add_argument("--cases", default=None,
-                    help="comma-separated case names (of TUNE_ON and REPORT_ON, or those two names for the "
+                    help="comma-separated case names (of TUNE_ON, SCREEN_ON and REPORT_ON, or those names for a "
                          "whole set) instead of REPORT_ON")
     ap.add_argument("--set", action="append", default=[], metavar="MODULE.CONSTANT=NUMBER",
                     help="change a constant of scheduler.core for this run (repeatable), e.g. "
@@ -386,15 +399,16 @@ def main(argv: list[str] | None = None) -> int:
     else:
         cases = REPORT_ON
         if args.cases:
-            known = {c.name: c for c in TUNE_ON + REPORT_ON}
-            groups = {"TUNE_ON": TUNE_ON, "REPORT_ON": REPORT_ON}
+            known = {c.name: c for c in TUNE_ON + SCREEN_ON + REPORT_ON}
+            groups = {"TUNE_ON": TUNE_ON, "SCREEN_ON": SCREEN_ON, "REPORT_ON": REPORT_ON}
             names = [n for part in args.cases.split(",")
                      for n in ([c.name for c in groups[part]] if part in groups else [part])]
             unknown = [n for n in names if n not in known]
             if unknown:
-                ap.error(f"unknown case {', '.join(unknown)}; known: {', '.join(known)}, TUNE_ON, REPORT_ON")
+                ap.error(f"unknown case {', '.join(unknown)}; known: {', '.join(known)}, TUNE_ON, SCREEN_ON, "
+                         "REPORT_ON")
             cases = tuple(known[n] for n in names)
-        if set(cases) & set(TUNE_ON):
+        if set(cases) & set(TUNE_ON + SCREEN_ON):
             print("\n".join(cases_text("running (some of these are tuned on):", cases)))
         else:
             print("\n".join(cases_text("tuned on (not reported):", TUNE_ON)))

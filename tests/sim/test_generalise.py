@@ -22,6 +22,12 @@ def test_nothing_reported_on_was_tuned_on():
     seeds = lambda cases: {v.seed for c in cases for v in (c.variant, c.nodes_variant) if v}  # noqa: E731
     assert not seeds(G.TUNE_ON) & seeds(G.REPORT_ON)  # not even a seed is shared
     assert len({c.name for c in G.TUNE_ON + G.REPORT_ON}) == len(G.TUNE_ON) + len(G.REPORT_ON)
+    # the screening cases are tuning data too: nothing of them is reported on either
+    screened = {(c.trace, c.variant, c.nodes_variant) for c in G.SCREEN_ON}
+    assert not screened & reported and not seeds(G.SCREEN_ON) & seeds(G.REPORT_ON)
+    assert not seeds(G.SCREEN_ON) & seeds(G.TUNE_ON)
+    every = G.TUNE_ON + G.SCREEN_ON + G.REPORT_ON
+    assert len({c.name for c in every}) == len(every)
 
 
 def _s(alloc=0.5, frag=0.01, p99=100.0):
@@ -162,6 +168,9 @@ def test_running_tuned_on_cases_does_not_call_them_reported(capsys):
     assert G.main(["--cases", "modern-c", "--limit", "300"]) == 0
     out = capsys.readouterr().out
     assert "running (some of these are tuned on):" in out and "reported on:" not in out
+    assert G.main(["--cases", "SCREEN_ON", "--limit", "200", "--policies", "ours"]) == 0
+    out = capsys.readouterr().out
+    assert "running (some of these are tuned on):" in out and "reported on:" not in out and "share90t" in out
 
 
 @pytest.mark.skipif(not (DEFAULT_TRACE_DIR / DEFAULT_TRACE).exists(), reason="openb traces not present")
