@@ -237,15 +237,15 @@ class FastSearch:
         layout bucket + static key (the spot key for spot requests) + the region's latency term (ties: pool
         index), over the layout buckets of the kinds the request can use; the free GPUs of a model that is not
         split (no MIG, or MIG off) with the memory asked are one more bucket, at their list's cost (`list_cost`:
-        the slice takes the whole GPU, with no Δfrag), so a free L4 is weighed beside part-used MIG GPUs. A bucket's cost is its Δfrag plus
-        the kind's waste term (the same for every GPU of a model), rounded to 1e-9 so that costs equal but
-        for float rounding tie. Each kind's buckets are opened in cost order while one could still beat the
-        best item waiting (no key of the model exceeds `Pool.model_max_key`, no latency term the request's
-        best region's); an opened bucket waits as one item, bounded by its best key over its regions
-        (`Pool.layout_head`) and the best latency term, and is split into its region lists, merged entry by
-        entry, when it comes out on top. Equally good buckets are therefore all weighed, however many there
-        are, and the GPUs come out in exact estimate order. The static walk ignores Δfrag, so this second,
-        short walk brings the tightest fits into the comparison; the caller stops it."""
+        the slice takes the whole GPU, with no Δfrag), so a free L4 is weighed beside part-used MIG GPUs. A
+        bucket's cost is its Δfrag plus the kind's waste term (the same for every GPU of a model), rounded to
+        1e-9 so that costs equal but for float rounding tie. Each kind's buckets are opened in cost order while
+        one could still beat the best item waiting (no key of the model exceeds `Pool.model_max_key`, no latency
+        term the request's best region's); an opened bucket waits as one item, bounded by its best key over its
+        regions (`Pool.layout_head`) and the best latency term, and is split into its region lists, merged entry
+        by entry, when it comes out on top. Equally good buckets are therefore all weighed, however many there
+        are, and the GPUs come out in exact estimate order. The static walk ignores Δfrag, so this second, short
+        walk brings the tightest fits into the comparison; the caller stops it."""
         pool = self.pool
         spot = request.mode == "spot"
         by_layout = pool.by_layout_spot if spot else pool.by_layout
