@@ -412,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
             print("\n".join(cases_text("running (some of these are tuned on):", cases)))
         else:
             print("\n".join(cases_text("tuned on (not reported):", TUNE_ON)))
+            print("\n".join(cases_text("screened on (not reported):", SCREEN_ON)))
             print("\n".join(cases_text("reported on:", cases)))
         policies = attribution if args.attribute else fixed_and_adaptive
         chosen = policies()

@@ -12,6 +12,7 @@ from nodeagent.hardware import mig
 from nodeagent.hardware.gpus import GPU_MODELS
 from scheduler.core.engine import Pool, Scheduler
 from scheduler.core.model import GpuState, NodeState, PlacedInstance, Request
+from scheduler.core.perf import gpu_pu
 
 from .pools import gpu, node
 
@@ -56,13 +57,10 @@ def test_a_slice_reaches_a_free_gpu_that_is_not_split_past_part_used_mig_gpus_th
     # and the fit term: a packing cost above 0); on the L4 it takes the whole GPU at no packing cost and scores
     # higher. The static walk weighs neither cost, and the packing walk used to weigh only MIG GPUs, so the
     # fast choice was an A100, 10% below the exhaustive score (seen in the simulator's modern pools)
-    from nodeagent.hardware.gpus import GPU_MODELS as catalog
-    from scheduler.core.perf import gpu_pu
-
     per_pu = 0.36
     nodes = [node(f"a{i}", *[gpu(f"a{i}-g{j}", instances=[("3g.40gb", 0)]) for j in range(8)],
-                  price=round(0.97 * per_pu * gpu_pu(catalog["a100-80gb"]), 4)) for i in range(5)]
-    nodes.append(node("l4", gpu("l4-g0", "l4"), price=round(per_pu * gpu_pu(catalog["l4"]), 4)))
+                  price=round(0.97 * per_pu * gpu_pu(GPU_MODELS["a100-80gb"]), 4)) for i in range(5)]
+    nodes.append(node("l4", gpu("l4-g0", "l4"), price=round(per_pu * gpu_pu(GPU_MODELS["l4"]), 4)))
     pool = Pool(nodes)
     request = Request(memory_gb=18.4, compute_slices=1)
     exhaustive = Scheduler(pool, mode="exhaustive").decide(request).placements[0]

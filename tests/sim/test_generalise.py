@@ -171,6 +171,12 @@ def test_running_tuned_on_cases_does_not_call_them_reported(capsys):
     assert G.main(["--cases", "SCREEN_ON", "--limit", "200", "--policies", "ours"]) == 0
     out = capsys.readouterr().out
     assert "running (some of these are tuned on):" in out and "reported on:" not in out and "share90t" in out
+    # a reported run names both sets it was not judged on
+    assert G.main(["--cases", "multigpu20", "--limit", "200", "--policies", "ours"]) == 0
+    out = capsys.readouterr().out
+    tuned, screened, reported = (out.index(h) for h in ("tuned on (not reported):", "screened on (not reported):",
+                                                         "reported on:"))
+    assert tuned < out.index("share70") < screened < out.index("share90t") < reported < out.index("multigpu20")
 
 
 @pytest.mark.skipif(not (DEFAULT_TRACE_DIR / DEFAULT_TRACE).exists(), reason="openb traces not present")

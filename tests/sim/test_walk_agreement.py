@@ -1,8 +1,8 @@
 """The fast walk against the exhaustive reference on the states a replay really passes through: a modern pool
 (8-GPU A100/H100 nodes beside single-GPU L4/A10 servers) and the openb pool with sharing-heavy and pinned
-mixes, under load, every decision re-scored. The decision
-speed bench's random pools never held part-used A100s ahead of a free L4 in the static order; this replay
-does (docs/performance.md, "Free GPUs that are not split are in the packing walk")."""
+mixes, under load, every decision re-scored. The decision speed bench's random pools never held part-used
+A100s ahead of a free L4 in the static order; the modern replay does (docs/performance.md, "Free GPUs that are
+not split are in the packing walk")."""
 from __future__ import annotations
 
 import pytest
@@ -11,7 +11,7 @@ from scheduler.core.engine import Pool, Scheduler
 from scheduler.sim import generalise as G
 from scheduler.sim.policies import NoPreemption
 from scheduler.sim.run import DEFAULT_TRACE, DEFAULT_TRACE_DIR, prepare, run_policy
-from scheduler.sim.variants import NodeVariant, PodVariant
+from scheduler.sim.variants import PodVariant
 
 
 class Compared:
@@ -31,10 +31,10 @@ class Compared:
         return d
 
 
+_NAMED = {c.name: c for c in G.TUNE_ON + G.SCREEN_ON}
 CASES = {
-    "modern": G.Case("modern", variant=PodVariant(multi=0.05, seed=51),
-                     nodes_variant=NodeVariant(gpus=150, big=0.7, h100=0.4, l4=0.4, seed=51)),
-    "openb-shared": G.Case("shared", variant=PodVariant(share=0.85, seed=61)),
+    "modern": _NAMED["modern-cb"],  # where the walk missed free L4s before the fix
+    "openb-shared": _NAMED["share85t"],
     "openb-pinned": G.Case("pinned", variant=PodVariant(spec=0.3, multi=0.1, seed=62)),
 }
 
