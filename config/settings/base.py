@@ -387,6 +387,12 @@ MARKET = {
     # Read paths (catalog, order preview) reuse one pool snapshot this long, refreshed in the background; claims
     # re-check under locks. A refresh costs about 0.1 s of CPU per 1,000 GPUs (bench/catalog_scale.py).
     "SNAPSHOT_TTL_SECONDS": env_float("MARKET_SNAPSHOT_TTL_SECONDS", 10.0, minimum=0, maximum=300),
+    # The demand mix the engine weighs packing by (marketplace/claims/demand.py): the requests of the last
+    # DEMAND_MIX_ORDERS orders created within DEMAND_MIX_DAYS (0 orders: the engine's prior alone), read again
+    # at most every DEMAND_MIX_TTL_SECONDS.
+    "DEMAND_MIX_ORDERS": env_int("MARKET_DEMAND_MIX_ORDERS", 2000, minimum=0, maximum=100_000),
+    "DEMAND_MIX_DAYS": env_float("MARKET_DEMAND_MIX_DAYS", 14.0, minimum=0.01, maximum=365),
+    "DEMAND_MIX_TTL_SECONDS": env_float("MARKET_DEMAND_MIX_TTL_SECONDS", 60.0, minimum=0, maximum=86400),
     # Workloads: how long a container gets between SIGTERM and the kill when its lease ends, and how much of
     # its output is kept on the lease (the console's log tail and download).
     "WORKLOAD_STOP_GRACE_SECONDS": env_float("MARKET_WORKLOAD_STOP_GRACE_SECONDS", 10.0, minimum=0, maximum=600),

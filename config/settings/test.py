@@ -11,7 +11,8 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 CELERY_TASK_ALWAYS_EAGER = True
 CELERY_TASK_EAGER_PROPAGATES = True
 # Tests read what they just wrote: no shared snapshot outlives a call (tests of the cache set their own TTL).
-MARKET = {**MARKET, "SNAPSHOT_TTL_SECONDS": 0.0}
+# The same for the learnt demand mix (claims/demand.py): every snapshot reads the orders again.
+MARKET = {**MARKET, "SNAPSHOT_TTL_SECONDS": 0.0, "DEMAND_MIX_TTL_SECONDS": 0.0}
 REST_FRAMEWORK = {**REST_FRAMEWORK, "DEFAULT_THROTTLE_RATES": {"user": "100000/min", "anon": "100000/min"}}
 # Per-address throttles out of the way of tests that fail a log-in or send a bad key now and then from the test
 # client's one address; tests/accounts sets the numbers it checks.

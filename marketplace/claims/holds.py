@@ -116,7 +116,7 @@ class LeaseClasses:
 
 def request_for(order: Order, *, now: datetime | None = None, image: str | None = None) -> Request:
     """The engine's Request for an order (`image`: the container it runs, for the RunsImage filter; by default
-    its workload's, if it has one)."""
+    its workload's, if it has one; "" for none, without looking it up)."""
     if image is None and order.pk is not None:
         image = Workload.objects.filter(order_id=order.pk).values_list("image", flat=True).first()
     mode = {Mode.RESERVED: "reserved", Mode.SPOT: "spot"}.get(order.mode, "on_demand")

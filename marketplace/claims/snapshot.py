@@ -26,6 +26,7 @@ from marketplace.conf import market, price_rules
 from marketplace.pricing import spot_factors
 from scheduler.services.allocation import Snapshot, placed, pool_snapshot, with_holds
 
+from .demand import learnt_mix
 from .holds import LeaseClasses, reservation_holds
 
 log = logging.getLogger(__name__)
@@ -58,9 +59,11 @@ class MarketSnapshot:
 
 
 def fresh() -> MarketSnapshot:
-    """The pool now: online GPUs, active slices as the open leases classify them, no reserved windows."""
+    """The pool now: online GPUs, active slices as the open leases classify them, no reserved windows; the
+    engine weighs packing by the demand the market has seen (claims/demand.py)."""
     leases = LeaseClasses()
-    snap = pool_snapshot(classify=leases.occupant, rules=price_rules(), spot_factors=spot_factors())
+    snap = pool_snapshot(classify=leases.occupant, rules=price_rules(), spot_factors=spot_factors(),
+                         mix=learnt_mix())
     return MarketSnapshot(snapshot=snap, leases=leases)
 
 

@@ -21,6 +21,7 @@ from django.db import transaction
 
 from nodeagent.hardware import mig as core_mig
 from scheduler.core.engine import Pool, Scheduler
+from scheduler.core.fragmentation import DemandMix
 from scheduler.core.model import Decision, GpuState, NodeState, PlacedInstance, Request
 from scheduler.core.pricing import DEFAULT_RULES, PriceRules
 from scheduler.core.slots import Slots
@@ -142,9 +143,10 @@ def placed(geometry: core_mig.MigGeometry | None, slices: Iterable[SliceRow],
 
 def pool_snapshot(*, models: Iterable[str] | None = None, classify: Classify | None = None,
                   holds: Iterable[Hold] = (), interruption_rate: dict | None = None,
-                  rules: PriceRules = DEFAULT_RULES, spot_factors: dict | None = None) -> Snapshot:
+                  rules: PriceRules = DEFAULT_RULES, spot_factors: dict | None = None,
+                  mix: DemandMix | None = None) -> Snapshot:
     """The schedulable pool now: online nodes, their present GPUs (of `models`) and active slices; 3 queries,
-    read as plain rows."""
+    read as plain rows. `mix`: the demand mix the engine weighs packing by (the prior alone by default)."""
     nodes = {str(n.pk): n for n in Node.objects.filter(status=Node.Status.ONLINE)}
     gpu_qs = (Gpu.objects.filter(node__status=Node.Status.ONLINE, present=True, gpu_model__isnull=False)
               .order_by("node_id", "index"))
@@ -184,7 +186,7 @@ def pool_snapshot(*, models: Iterable[str] | None = None, classify: Classify | N
         snap.gpus[uuid] = GpuRow(pk, uuid, ns.id, name, model, geometry)
         snap.slices[uuid] = by_gpu.get(pk, [])
     # The node states were built for this pool alone: no copy needed.
-    snap.pool = Pool(states.values(), rules=rules, spot_factors=spot_factors, copy=False)
+    snap.pool = Pool(states.values(), mix=mix, rules=rules, spot_factors=spot_factors, copy=False)
     return snap
 
 
