@@ -1,8 +1,8 @@
 """Pool snapshots for the market: one base snapshot of the pool now, viewed per order.
 
 The base snapshot is every online GPU with its active slices classified by the open leases (3 fleet queries,
-one of the leases, one of the spot factors), built into the engine's indexed `Pool` — the expensive part at
-10,000 GPUs. An order sees it through `view`: the reserved windows overlapping the order's span become held
+one of the leases, one of the spot factors; one of the recent orders for the demand mix, at most once a
+minute: demand.py), built into the engine's indexed `Pool` — the expensive part at 10,000 GPUs. An order sees it through `view`: the reserved windows overlapping the order's span become held
 slots, and for a future window the slices gone by then are left out; the view changes only the GPUs it must
 (`Pool.overlay`) and puts them back after the decision. So:
 
