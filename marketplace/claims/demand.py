@@ -6,7 +6,9 @@ requests to GPUs no gang can use so the 8-GPU nodes stay whole), and the share p
 charge). The simulator's engine learns that mix request by request (`Scheduler.place`); the market decides on
 a pool built afresh for every placement, so it learns it here: the requests of the last DEMAND_MIX_ORDERS
 orders placed through the engine (resale purchases are not), created within DEMAND_MIX_DAYS, whatever became of
-them — an order refused for want of capacity is demand too. The mix is rebuilt at most every
+them — an order refused for want of capacity is demand too. Each order for several GPUs also tells the mix how
+long it waited (`gang_wait`), which the keep charge follows (fragmentation.KEEP_RISE): where gangs get their
+nodes at once, singles may take MIG GPUs whole; once they wait, singles are kept off. The mix is rebuilt at most every
 DEMAND_MIX_TTL_SECONDS and shared, read only, by every snapshot built meanwhile (nothing in the market observes
 into a pool's mix). DEMAND_MIX_ORDERS = 0 leaves the engine its prior alone, as before this module.
 """
@@ -26,7 +28,8 @@ from .holds import request_for
 
 # the fields request_for reads: the rest of an order is not loaded
 _FIELDS = ("mode", "gpu_models", "memory_gb", "compute_slices", "whole_gpu", "gpu_count", "min_cuda",
-           "min_compute_capability", "regions", "buyer_region", "max_price_per_hour", "priority", "window_start")
+           "min_compute_capability", "regions", "buyer_region", "max_price_per_hour", "priority", "window_start",
+           "created_at", "placed_at", "attempts")
 
 _lock = threading.Lock()
 _learnt: tuple[float, DemandMix] | None = None
@@ -39,12 +42,23 @@ def demand_mix_build(*, now: datetime | None = None) -> DemandMix:
     limit = market("DEMAND_MIX_ORDERS")
     if limit:
         since = now - timedelta(days=market("DEMAND_MIX_DAYS"))
-        orders = (Order.objects.filter(created_at__gte=since).exclude(mode=Mode.RESALE)
-                  .order_by("-created_at").only(*_FIELDS)[:limit])
-        for order in orders:
+        orders = list(Order.objects.filter(created_at__gte=since).exclude(mode=Mode.RESALE)
+                      .order_by("-created_at").only(*_FIELDS)[:limit])
+        for order in reversed(orders):  # oldest first: the keep factor follows the gangs' waits in turn
             mix.observe(request_for(order, now=now, image=""))  # the shape only: no workload image lookup
+            if order.gpu_count > 1:
+                mix.gang_started(gang_wait(order, now=now))
     mix.refresh()
     return mix
+
+
+def gang_wait(order: Order, *, now: datetime) -> float:
+    """Seconds a request for several GPUs waited for its GPUs, as the keep charge reads it
+    (DemandMix.gang_started): 0 when placed at its first attempt, else until it was placed, or until now for
+    one still queued, refused or cancelled before it started."""
+    if order.placed_at is not None and order.attempts <= 1:
+        return 0.0
+    return max(0.0, ((order.placed_at or now) - order.created_at).total_seconds())
 
 
 def learnt_mix() -> DemandMix:

@@ -49,6 +49,19 @@ FIT_WEIGHT = 0.6
 # much less (in shares of one GPU). 0 was the rule until round seven (the least-Δfrag start); best-fit takes the
 # lowest start always, and on scheduler/sim/generalise.py's TUNE_ON that packed better (docs/simulator.md).
 START_TOLERANCE = 0.25
+# The keep charge follows the gangs' observed wait (issue 12 §2 round ten, chosen on scheduler/sim/generalise.py's
+# TUNE_ON and SCREEN_ON): placement.gang_keep is scaled by `DemandMix.keep_factor`, which starts at 1 (the full
+# charge), moves KEEP_RISE of the way to 1 each time a request for several GPUs on one node started after waiting
+# longer than KEEP_WAIT_S, and KEEP_FALL of the way to KEEP_FLOOR each time one started sooner (`gang_started`, fed
+# by whoever runs the queue: the simulator's replay, the market from its orders). Where gangs start at once the
+# singles may take MIG GPUs whole, as best-fit's pool order does; once gangs wait, the charge is back at once.
+# The factor the costs see moves in steps of KEEP_STEP (and at each refresh): each step bumps `version`, so every
+# cost memoised by it is renewed.
+KEEP_FLOOR = 0.0
+KEEP_RISE = 0.5
+KEEP_FALL = 0.05
+KEEP_WAIT_S = 0.0
+KEEP_STEP = 0.1
 
 
 def _bits(n: int) -> int:
@@ -76,6 +89,8 @@ class DemandMix:
         self._fit_cache: dict[tuple[str, float, int, bool], str | None] = {}
         self._shapes = [0, 0, 0]  # requests seen: for a slice of one GPU, for k >= 2 GPUs, in all
         self._shape_snapshot = (0.0, 0.0)
+        self._keep = 1.0  # the live keep factor (gang_started); `keep_factor` is what the costs see
+        self.keep_factor = 1.0
 
     @staticmethod
     def prior(geometry: mig.MigGeometry) -> dict[str, float]:
@@ -124,6 +139,15 @@ class DemandMix:
         if self._pending >= self.refresh_every:
             self.refresh()
 
+    def gang_started(self, waited_s: float) -> None:
+        """A request for several GPUs on one node started after `waited_s` seconds: the keep factor moves towards 1
+        when it waited longer than KEEP_WAIT_S, towards KEEP_FLOOR when it did not (see KEEP_RISE)."""
+        k = self._keep
+        self._keep = k + KEEP_RISE * (1.0 - k) if waited_s > KEEP_WAIT_S else k - KEEP_FALL * (k - KEEP_FLOOR)
+        if abs(self._keep - self.keep_factor) >= KEEP_STEP:
+            self.keep_factor = self._keep
+            self.version += 1  # the costs that carry the keep charge are memoised by version
+
     def refresh(self) -> None:
         """Take a new snapshot of the learnt mix (invalidates fragmentation caches keyed by version)."""
         self._pending = 0
@@ -133,6 +157,7 @@ class DemandMix:
         self._pinned_snapshot.clear()
         slices, multi, total = self._shapes
         self._shape_snapshot = (slices / total, multi / total) if total else (0.0, 0.0)
+        self.keep_factor = self._keep
 
     def shape_shares(self) -> tuple[float, float]:
         """(share of requests for a slice of one GPU, share for several GPUs on one node) seen up to the

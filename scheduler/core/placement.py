@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 # demand for k GPUs on one node that a node of the pool can host (Pool.gangs), so an 8-GPU gang weighs four
 # times a 2-GPU one; at most NODE_TERM_WEIGHT × Σ_k P(k) (the most the node term can give back) +
 # GANG_KEEP_MARGIN, so that a single taken from a node that can host no gang anyway stays inside the packing
-# scorer's range (scorers.PACKING_NEUTRAL) and the node term still tells it from an empty node.
+# scorer's range (scorers.PACKING_NEUTRAL) and the node term still tells it from an empty node. Since round ten the
+# charge is × `DemandMix.keep_factor`, which follows how long gangs waited (fragmentation.KEEP_RISE).
 GANG_KEEP_PER_GPU = 0.375
 GANG_KEEP_MARGIN = 0.25
 # cost per share of a GPU's memory handed out but not asked for: 0 since issue 12 §2 round two (tuned on
@@ -111,7 +112,7 @@ def whole_cost_for(pool: "Pool", model: str, geometry: MigGeometry | None, reque
     # Slices fit beside others on part-used GPUs; requests for k GPUs on one node need k free ones there. So a
     # single whole GPU taken from a MIG model costs that model's demand for several that its nodes can host, and
     # one that could go anywhere costs the demand that can go only to this model.
-    return taken + gang_keep(pool.gangs(model)) + pin_keep(pool, model, request)
+    return taken + gang_keep(pool.gangs(model)) * pool.mix.keep_factor + pin_keep(pool, model, request)
 
 
 def gang_keep(multi: Sequence[tuple[int, float]]) -> float:

@@ -183,6 +183,12 @@ class Replay:
         r.started += 1
         r.waits.append(now - job.arrival)
         r.starts[job.index] = now
+        if job.demand.gpu_count > 1:
+            mix = getattr(self.pool, "mix", None)
+            if mix is not None:
+                # what the market tells the engine from its orders (marketplace/claims/demand.py): how long each
+                # request for several GPUs waited, which the keep charge follows (fragmentation.KEEP_RISE)
+                mix.gang_started(now - job.arrival)
         for p in job.placements[:1]:
             what = p.profile or "whole"
             r.placed_as[f"{job.pod.num_gpu}x{job.pod.gpu_milli} milli -> {self.gpus[p.gpu_uuid].model} {what}"] += 1

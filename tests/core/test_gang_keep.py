@@ -152,3 +152,38 @@ def test_the_fast_walk_keeps_pinned_and_unpinned_requests_of_one_shape_apart():
         sched = Scheduler(_pinned_pool(), weights=PACK_ONLY, adapt_weights=False, mode="fast", max_candidates=1)
         got = [sched.decide(Request(whole_gpu=True, models=m)).placements[0].node_id for m in (first, second)]
         assert got == ["a30" if first else "l4", "a30" if second else "l4"]
+
+
+def test_the_keep_factor_follows_the_gangs_observed_wait():
+    mix = FR.DemandMix()
+    assert mix.keep_factor == 1.0  # no wait observed: the full charge
+    v = mix.version
+    for _ in range(40):
+        mix.gang_started(0.0)  # gangs that start at once ease the charge towards the floor, in steps
+    assert FR.KEEP_FLOOR <= mix.keep_factor < 0.2 and mix.version > v
+    eased, v = mix.keep_factor, mix.version
+    mix.gang_started(FR.KEEP_WAIT_S + 600.0)  # one that waited brings half of it back at once
+    assert mix.keep_factor == pytest.approx(eased + FR.KEEP_RISE * (1 - eased), abs=FR.KEEP_STEP)
+    assert mix.version > v
+    for _ in range(10):
+        mix.gang_started(3600.0)
+    assert mix.keep_factor > 0.99
+
+
+def test_the_keep_charge_is_scaled_by_the_keep_factor_and_costs_follow_it_at_once():
+    pool = _pool(_mix((Request(gpu_count=4), 10), (Request(whole_gpu=True), 30)))
+    a100, single = pool.gpu("m0"), Request(whole_gpu=True)
+    empty = pool.frags.whole_delta("a100-80gb", a100.geometry)
+    keep = placement.gang_keep(pool.gangs("a100-80gb"))
+    full = placement.single_option(pool, pool.nodes["m"], a100, single, node_term=False)
+    assert full is not None and full.pack_cost == pytest.approx(empty + keep)
+    d = Scheduler(pool, weights=PACK_ONLY, adapt_weights=False).decide(single)
+    assert d.ok and d.placements[0].node_id == "p"  # the 4-GPU gangs keep the MIG node whole
+    for _ in range(100):  # gangs that all found a node at once
+        pool.mix.gang_started(0.0)
+    assert pool.mix.keep_factor < FR.KEEP_FLOOR + FR.KEEP_STEP
+    eased = placement.single_option(pool, pool.nodes["m"], a100, single, node_term=False)  # not the memoised cost
+    assert eased is not None and eased.pack_cost == pytest.approx(empty + keep * pool.mix.keep_factor)
+    for mode in ("fast", "exhaustive"):  # gangs start at once: the single may take the MIG GPU whole, as it ties
+        d = Scheduler(pool, weights=PACK_ONLY, adapt_weights=False, mode=mode).decide(single)
+        assert d.ok and d.placements[0].node_id == "m"

@@ -56,16 +56,37 @@ def test_the_mix_is_read_again_only_after_its_ttl(settings):
 
 
 @pytest.mark.parametrize("gang_history", [False, True])
-def test_where_buyers_ask_for_8_gpu_gangs_a_single_gpu_order_leaves_the_8_gpu_node_whole(fleet, gang_history):
+def test_where_buyers_wait_for_8_gpu_gangs_a_single_gpu_order_leaves_the_8_gpu_node_whole(fleet, gang_history):
     big = fleet.node("a100-80gb:8", price="2.00")
     small = fleet.node("a100-80gb:1", price="2.04")
     buyer = UserFactory()
     top_up(buyer, "50")
     if gang_history:
-        _orders(UserFactory(), 20, gpu_count=8)
+        _orders(UserFactory(), 20, gpu_count=8)  # refused: they did not get their GPUs (the full keep charge)
     r = client_for(buyer).post("/api/v1/orders/", {"mode": "on_demand", "whole_gpu": True,
                                                    "duration_seconds": 3600}, format="json")
     assert r.status_code == 201, r.content
     lease = Lease.objects.get(order_id=r.json()["id"])
     # without gangs in the demand the cheaper GPU wins; with them, the single leaves the 8-GPU node whole
     assert lease.slice.gpu.node_id == (small.pk if gang_history else big.pk)
+
+
+def test_gangs_that_got_their_gpus_at_once_ease_the_keep_charge_and_one_that_waited_brings_it_back():
+    buyer, now = UserFactory(), timezone.now()
+    for _ in range(40):  # placed at their first attempt, half an hour ago
+        Order.objects.create(buyer=buyer, mode=Mode.ON_DEMAND, state=Order.State.PLACED, gpu_count=8,
+                             whole_gpu=True, attempts=1, placed_at=now - timedelta(minutes=30))
+    Order.objects.update(created_at=now - timedelta(minutes=30))
+    eased = demand.demand_mix_build(now=now).keep_factor
+    assert eased < 0.2
+    waited = Order.objects.create(buyer=buyer, mode=Mode.ON_DEMAND, state=Order.State.QUEUED, gpu_count=8,
+                                  whole_gpu=True, attempts=3)
+    Order.objects.filter(pk=waited.pk).update(created_at=now - timedelta(minutes=60))
+    assert demand.gang_wait(Order.objects.get(pk=waited.pk), now=now) == pytest.approx(3600)
+    # the order that still waits is the oldest: the 40 after it ease the charge again
+    assert demand.demand_mix_build(now=now).keep_factor == pytest.approx(eased, abs=0.1)
+    Order.objects.filter(pk=waited.pk).update(created_at=now - timedelta(minutes=20))  # now the newest
+    assert demand.demand_mix_build(now=now).keep_factor > 0.5
+    placed_late = Order(created_at=now - timedelta(minutes=5), placed_at=now, attempts=4)
+    assert demand.gang_wait(placed_late, now=now) == pytest.approx(300)
+    assert demand.gang_wait(Order(created_at=now - timedelta(minutes=5), placed_at=now, attempts=1), now=now) == 0

@@ -106,3 +106,30 @@ def test_load_compresses_arrivals_not_runtimes(config: SimConfig) -> None:
     prepared = prepare(config)
     assert [j.arrival for j in prepared.jobs] == [0, 5, 10, 15, 20, 32.5, 45]
     assert [j.pod.runtime for j in prepared.jobs] == [100, 50, 10, 40, 10, 30, 5]
+
+
+GANGS = [
+    pod("g1", 2, 1000, "LS", 0, 100),  # both GPUs of n0 at once
+    pod("s", 1, 1000, "LS", 5, 200),   # a single: n1 (the pool's only other GPU)
+    pod("g2", 2, 1000, "LS", 10, 10),  # n0 is busy: waits until g1 ends at 100
+]
+
+
+def test_the_replay_tells_the_engine_how_long_each_gang_waited(tmp_path: Path) -> None:
+    from scheduler.core import fragmentation as FR
+    from scheduler.sim import simulate
+
+    prepared = prepare(write_trace(tmp_path, GANGS, [("n0", 2), ("n1", 1)]))
+    replay = simulate.Replay("ours", factory("ours"), prepared.nodes(), prepared.nodes(),
+                             [simulate.Job(j.index, j.pod, j.demand, j.arrival) for j in prepared.jobs],
+                             window=prepared.window, head_protect_s=None, frag=prepared.frag)
+    seen: list[float] = []
+    real = replay.pool.mix.gang_started
+    replay.pool.mix.gang_started = lambda waited_s: (seen.append(waited_s), real(waited_s))  # type: ignore
+    r = replay.run()
+    assert r.starts[2] == 100
+    # each gang's start is reported with its wait (the single's is not): g1 at once, g2 after 90 s; the keep
+    # factor eased by the first and moved back towards 1 by the second (fragmentation.KEEP_FALL, KEEP_RISE)
+    assert seen == [0.0, 90.0]
+    eased = 1 - FR.KEEP_FALL * (1 - FR.KEEP_FLOOR)
+    assert replay.pool.mix._keep == pytest.approx(eased + FR.KEEP_RISE * (1 - eased))
