@@ -8,9 +8,9 @@ a pool built afresh for every placement, so it learns it here: the requests of t
 orders placed through the engine (resale purchases are not), created within DEMAND_MIX_DAYS, whatever became of
 them — an order refused for want of capacity is demand too. Each order for several GPUs also tells the mix how
 long it waited (`gang_wait`), which the keep charge follows (fragmentation.KEEP_RISE): where gangs get their
-nodes at once, singles may take MIG GPUs whole; once they wait, singles are kept off. The mix is rebuilt at most every
-DEMAND_MIX_TTL_SECONDS and shared, read only, by every snapshot built meanwhile (nothing in the market observes
-into a pool's mix). DEMAND_MIX_ORDERS = 0 leaves the engine its prior alone, as before this module.
+nodes at once, singles may take MIG GPUs whole; once they wait, singles are kept off. The mix is rebuilt at
+most every DEMAND_MIX_TTL_SECONDS and shared, read only, by every snapshot built meanwhile (nothing in the
+market observes into a pool's mix). DEMAND_MIX_ORDERS = 0 leaves the engine its prior alone, as before.
 """
 from __future__ import annotations
 

@@ -2,9 +2,10 @@
 
 The base snapshot is every online GPU with its active slices classified by the open leases (3 fleet queries,
 one of the leases, one of the spot factors; one of the recent orders for the demand mix, at most once a
-minute: demand.py), built into the engine's indexed `Pool` — the expensive part at 10,000 GPUs. An order sees it through `view`: the reserved windows overlapping the order's span become held
-slots, and for a future window the slices gone by then are left out; the view changes only the GPUs it must
-(`Pool.overlay`) and puts them back after the decision. So:
+minute: demand.py), built into the engine's indexed `Pool` — the expensive part at 10,000 GPUs. An order sees
+it through `view`: the reserved windows overlapping the order's span become held slots, and for a future
+window the slices gone by then are left out; the view changes only the GPUs it must (`Pool.overlay`) and puts
+them back after the decision. So:
 
 - read paths (the catalog, each keystroke of the order preview) share one base snapshot for
   SNAPSHOT_TTL_SECONDS, refreshed in the background (`cached`); a stale view only shows a slice seconds late;
