@@ -15,9 +15,10 @@ pytestmark = pytest.mark.django_db
 
 
 def _orders(buyer, n: int, *, gpu_count: int = 1, mode: str = Mode.ON_DEMAND, **kw) -> None:
+    """n refused orders (a k-GPU order asks whole GPUs, as the API makes it)."""
     for _ in range(n):
         Order.objects.create(buyer=buyer, mode=mode, state=Order.State.FAILED, gpu_count=gpu_count,
-                             whole_gpu=gpu_count > 1 or kw.pop("whole_gpu", False), **kw)
+                             whole_gpu=gpu_count > 1, **kw)
 
 
 def test_the_mix_counts_recent_engine_orders_gangs_and_pins_and_leaves_out_resale_old_and_beyond_the_limit(settings):
