@@ -4,13 +4,16 @@
     .venv/bin/python bench/placement_quality.py --quick    # a prefix of each trace, same loads
     .venv/bin/python bench/placement_quality.py --section variants [--quick]   # only the §2 report
     .venv/bin/python bench/placement_quality.py --section variants --quick --orders 5   # over 5 node orders
+    .venv/bin/python bench/placement_quality.py --section variants --quick --seeds 6 --orders 3
+        # each variant case as a family: drawn again from 6 seeds, each on 3 node orders
 
 The variants report (issue 12 §2, scheduler/sim/generalise.py) replays trace and pool variants that were
 not used to tune ours (the list it was tuned on is printed too) and puts best-fit, best-fit on the same nodes
 in another order (the noise floor of one replay's verdict), ours with one fixed weighting and ours with
 weights that follow the learnt demand mix side by side, each beside the capacity bound (the most allocation
 any policy could reach on those arrivals, scheduler/sim/bound.py). With --orders N each run is replayed on N
-node orders and every policy is compared with best-fit order by order.
+node orders and every policy is compared with best-fit order by order; with --seeds N each variant case is a
+family of N members drawn from other seeds (generalise.run_family), judged over all of their replays.
 
     .venv/bin/python bench/placement_quality.py --protocol inflation [--quick] [--plot curves.png]
         # the FGD paper's protocol: its table at 100%/110% arrived beside the paper's figures (issue 12 §1)
@@ -107,9 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=4, help="inflation: pod lists run in this many processes")
     ap.add_argument("--orders", type=int, default=1, metavar="N",
                     help="variants: replay each case on N node orders of its pool, judged on the means")
+    ap.add_argument("--seeds", type=int, default=0, metavar="N",
+                    help="variants: each variant case as a family drawn from N seeds (generalise.family_seeds)")
     args = ap.parse_args(argv)
     if args.orders < 1:
         ap.error("--orders is at least 1")
+    if args.seeds and not 1 <= args.seeds <= generalise.FAMILY_MAX:
+        ap.error(f"--seeds is 1 to {generalise.FAMILY_MAX}")
     if args.protocol == "inflation":
         return inflation_bench(args)
     t0 = time.perf_counter()
@@ -129,12 +136,20 @@ def variants_report(args) -> list[dict]:
     limit = QUICK_LIMIT if args.quick else None
     print("\n§2 report on variants (scheduler/sim/generalise.py)"
           + (f", first {limit} rows of each trace" if limit else "")
-          + (f", means over {args.orders} node orders" if args.orders > 1 else ""))
+          + (f", means over {args.orders} node orders" if args.orders > 1 else "")
+          + (f", each variant case as a family of {args.seeds} seeds" if args.seeds else ""))
     print("\n".join(generalise.cases_text("tuned on (not reported here):", generalise.TUNE_ON)))
     print("\n".join(generalise.cases_text("reported on (never tuned on):", generalise.REPORT_ON)))
-    runs = [generalise.run_case(c, load, generalise.fixed_and_adaptive(), limit=limit, trace_dir=args.trace_dir,
-                                orders=args.orders)
-            for c in generalise.REPORT_ON for load in generalise.LOADS]
+    if args.seeds:
+        seeds = generalise.family_seeds(args.seeds)
+        print(generalise.family_text(seeds))
+        runs = [generalise.run_family(c, load, generalise.fixed_and_adaptive(), limit=limit, seeds=seeds,
+                                      trace_dir=args.trace_dir, orders=args.orders)
+                for c in generalise.REPORT_ON for load in generalise.LOADS]
+    else:
+        runs = [generalise.run_case(c, load, generalise.fixed_and_adaptive(), limit=limit, trace_dir=args.trace_dir,
+                                    orders=args.orders)
+                for c in generalise.REPORT_ON for load in generalise.LOADS]
     print("\n".join(generalise.report_lines(runs)))
     print("\n".join(generalise.summary_lines(runs)))
     return [{"section": "variants", **{k: v for k, v in r.items() if k != "policies"},

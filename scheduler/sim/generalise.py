@@ -11,6 +11,8 @@
                                                    # a candidate's score on the tuning set, best-fit and ours only
     python -m scheduler.sim.generalise --cases TUNE_ON,SCREEN_ON --limit 3000 --orders 3 --policies ours
                                                    # ... and on round nine's screening cases (never reported)
+    python -m scheduler.sim.generalise --limit 3000 --seeds 6 --orders 3 --policies ours
+                                                   # each variant case as a family of 6 seeds (docs: "Families")
 
 Two ways for ours to weigh packing against price are compared, each with one number tuned on TUNE_ON only:
 - fixed: the base weights with packing × `FIXED_PACKING` (one weighting for every workload);
@@ -37,7 +39,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Sequence
 
 from scheduler.core.weights import DEFAULT_WEIGHTS, MIX_GAIN, Weights
 
@@ -53,6 +55,8 @@ FIXED_PACKING = 2.0  # tuned on TUNE_ON (--tune --limit 4000): the best of 1, 2,
 FIXED_CANDIDATES = (1.0, 2.0, 3.0)
 GAIN_CANDIDATES = (1.0, 2.0, 4.0)
 ALLOC_TOLERANCE = 0.001  # allocation within 0.1 point of best-fit's counts as "as good"
+FAMILY_SEED_BASE = 101  # --seeds N draws each variant case again from seeds 101 … 100 + N (docs: "Families")
+FAMILY_MAX = 50  # so that no family seed is a seed of TUNE_ON, SCREEN_ON or REPORT_ON (a test checks it)
 NOISE_ORDER = 9973  # the node order of the noise-floor row (reordered_best_fit); --orders uses 1, 2, ...
 
 
@@ -197,6 +201,38 @@ def run_case(case: Case, load: float, policies: dict[str, PolicyFactory], *, lim
     """Every policy on one case at one load. With `orders` > 1, on that many node orders of the same pool (the
     pool as built, then shuffled with seeds 1, 2, ...): the policies' allocation, fragmentation and p99 wait
     are the means over the orders, and `passes` counts the orders on which each was as good as best-fit."""
+    runs = _replays(case, load, policies, limit=limit, trace_dir=trace_dir, orders=orders)
+    return runs[0] if orders == 1 else _merged(runs, policies)
+
+
+def run_family(case: Case, load: float, policies: dict[str, PolicyFactory], *, limit: int | None,
+               seeds: Sequence[int], trace_dir: Path = DEFAULT_TRACE_DIR, orders: int = 1) -> dict[str, Any]:
+    """`run_case` over a family: the case's variants drawn again from each of `seeds` (`Case.reseeded`), each
+    replayed on `orders` node orders, every replay paired with best-fit's on the same arrivals and pool, and the
+    policies judged on the means over all of them (docs/simulator.md, "Families"). A case of one public file and
+    no variant has no family: it is run as `run_case` runs it."""
+    if not (case.variant or case.nodes_variant):
+        return run_case(case, load, policies, limit=limit, trace_dir=trace_dir, orders=orders)
+    runs = [r for seed in seeds for r in _replays(case.reseeded(seed), load, policies, limit=limit,
+                                                  trace_dir=trace_dir, orders=orders)]
+    return {**_merged(runs, policies), "case": case.name, "seeds": tuple(seeds)}
+
+
+def family_seeds(n: int) -> tuple[int, ...]:
+    """The seeds a family of `n` members is drawn from (never a seed of the tuning, screening or reported cases)."""
+    if not 1 <= n <= FAMILY_MAX:
+        raise ValueError(f"a family has 1 to {FAMILY_MAX} seeds, not {n}")
+    return tuple(range(FAMILY_SEED_BASE, FAMILY_SEED_BASE + n))
+
+
+def family_text(seeds: Sequence[int]) -> str:
+    return (f"families: each variant case above drawn again from seeds {seeds[0]} … {seeds[-1]} (not from its own "
+            "seed); a case of one public file is run as it is")
+
+
+def _replays(case: Case, load: float, policies: dict[str, PolicyFactory], *, limit: int | None,
+             trace_dir: Path, orders: int) -> list[dict[str, Any]]:
+    """One run per node order: the pool as built, then shuffled with seeds 1 … orders − 1."""
     built = prepare(case.config(load=load, limit=limit, trace_dir=trace_dir))
     runs = []
     for prepared in [built, *(reordered(built, seed) for seed in range(1, orders))]:
@@ -204,18 +240,23 @@ def run_case(case: Case, load: float, policies: dict[str, PolicyFactory], *, lim
         runs.append({"case": case.name, "load": load, "gpus": sum(s.gpus for s in prepared.node_specs),
                      "jobs": len(prepared.jobs), "bound": capacity_bound(prepared, list(results.values())),
                      "policies": {name: summarise(r) for name, r in results.items()}})
-    if orders == 1:
-        return runs[0]
-    merged = {**runs[0], "orders": orders, "policies": {}, "passes": {}, "paired": {}}
+    return runs
+
+
+def _merged(runs: list[dict[str, Any]], policies: Iterable[str]) -> dict[str, Any]:
+    """Several replays of one case and load as one run: the means, the replays each policy passed alone, and its
+    difference from best-fit taken replay by replay (`paired`). The bound is the mean of the replays' bounds."""
+    n = len(runs)
+    merged = {**runs[0], "orders": n, "bound": sum(r["bound"] for r in runs) / n, "policies": {}, "passes": {},
+              "paired": {}}
     for name in policies:
         each = [r["policies"][name] for r in runs]
-        merged["policies"][name] = {k: sum(e[k] for e in each) / orders for k in MEANS}
+        merged["policies"][name] = {k: sum(e[k] for e in each) / n for k in MEANS}
         if "best-fit" in policies:
             merged["passes"][name] = sum(not verdict(r["policies"][name], r["policies"]["best-fit"]) for r in runs)
             merged["paired"][name] = {k: paired([r["policies"][name][k] - r["policies"]["best-fit"][k] for r in runs])
                                       for k in MEANS}
     return merged
-
 
 
 # Student's t, two-sided 95%, by degrees of freedom (n orders give n - 1); 2.0 past the table
@@ -304,9 +345,17 @@ def report_lines(runs: list[dict[str, Any]]) -> list[str]:
             misses = "" if name == "best-fit" else ("; ".join(verdict(s, best)) or "as good or better")
             if name != "best-fit" and "orders" in run:
                 beyond = "; ".join(clearly_behind(run, name)) or "none"
-                misses += (f" (means; as good on {run['passes'][name]} of {run['orders']} orders alone; behind beyond "
-                           f"the orders' noise: {beyond})")
-            lines.append(f"{run['case']:11s} x{run['load']:<3g} {run['bound']:6.1%}  {name:13s} "
+                if "seeds" in run:
+                    k = len(run["seeds"])
+                    per = run["orders"] // k
+                    unit = f"replays ({k} seeds × {per} order{'s' if per > 1 else ''})"
+                    noise = "the replays' noise"
+                else:
+                    unit, noise = "orders", "the orders' noise"
+                misses += (f" (means; as good on {run['passes'][name]} of {run['orders']} {unit} alone; behind "
+                           f"beyond {noise}: {beyond})")
+            label = f"{run['case']}×{len(run['seeds'])}" if "seeds" in run else run["case"]
+            lines.append(f"{label:11s} x{run['load']:<3g} {run['bound']:6.1%}  {name:13s} "
                          f"{s['allocation']:6.1%} {s['fragmentation']:7.4f} {human_seconds(s['wait_p99_s']):>6s}"
                          f"  {misses}")
     return lines
@@ -321,7 +370,10 @@ def summary_lines(runs: list[dict[str, Any]]) -> list[str]:
         line = f"  {name}: as good as best-fit on {ok} of {len(runs)} runs (loss {total_loss:.3f})"
         if runs and "orders" in runs[0]:
             behind = sum(1 for r in runs if clearly_behind(r, name))
-            line += f"; behind beyond the noise of {runs[0]['orders']} node orders on {behind}"
+            family = next((r for r in runs if "seeds" in r), None)
+            noise = (f"their replays ({len(family['seeds'])} seeds of each variant case)" if family
+                     else f"{runs[0]['orders']} node orders")
+            line += f"; behind beyond the noise of {noise} on {behind}"
         out.append(line)
     return out
 
@@ -381,9 +433,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--orders", type=int, default=1, metavar="N",
                     help="replay each case on N node orders of its pool and judge on the means (default 1: the "
                          "pool as built)")
+    ap.add_argument("--seeds", type=int, default=0, metavar="N",
+                    help="replay each variant case as a family: its variants drawn again from N seeds "
+                         f"({FAMILY_SEED_BASE}, {FAMILY_SEED_BASE + 1}, ...), each on --orders node orders, judged on "
+                         "the means over all of them (a case of one public file runs as it is)")
     args = ap.parse_args(argv)
     if args.orders < 1:
         ap.error("--orders is at least 1")
+    if args.seeds and not 1 <= args.seeds <= FAMILY_MAX:
+        ap.error(f"--seeds is 1 to {FAMILY_MAX}")
+    if args.seeds and args.tune:
+        ap.error("--seeds is for reports, not --tune")
     try:
         changed = apply_settings(args.set)
     except ValueError as e:
@@ -422,7 +482,14 @@ def main(argv: list[str] | None = None) -> int:
             if unknown:
                 ap.error(f"unknown policy {', '.join(unknown)}; known here: {', '.join(chosen)}")
             chosen = {n: chosen[n] for n in wanted}
-        runs = [run_case(c, load, dict(chosen), limit=args.limit, orders=args.orders) for c in cases for load in LOADS]
+        if args.seeds:
+            seeds = family_seeds(args.seeds)
+            print(family_text(seeds))
+            runs = [run_family(c, load, dict(chosen), limit=args.limit, seeds=seeds, orders=args.orders)
+                    for c in cases for load in LOADS]
+        else:
+            runs = [run_case(c, load, dict(chosen), limit=args.limit, orders=args.orders)
+                    for c in cases for load in LOADS]
         print("\n".join(report_lines(runs)))
         print("\n".join(summary_lines(runs)))
     print(f"{time.perf_counter() - t0:.0f}s wall clock")

@@ -28,6 +28,19 @@ def test_nothing_reported_on_was_tuned_on():
     assert not seeds(G.SCREEN_ON) & seeds(G.TUNE_ON)
     every = G.TUNE_ON + G.SCREEN_ON + G.REPORT_ON
     assert len({c.name for c in every}) == len(every)
+    # a family of the reported cases (--seeds) is drawn from seeds none of the three sets uses
+    assert not set(G.family_seeds(G.FAMILY_MAX)) & seeds(every)
+
+
+def test_a_family_has_one_to_fifty_seeds_and_the_command_line_says_so(capsys):
+    assert G.family_seeds(3) == (101, 102, 103)
+    for bad in (0, G.FAMILY_MAX + 1):
+        with pytest.raises(ValueError, match="1 to 50 seeds"):
+            G.family_seeds(bad)
+    for argv, says in [(["--seeds", "51"], "--seeds is 1 to 50"), (["--seeds", "2", "--tune"], "not --tune")]:
+        with pytest.raises(SystemExit) as e:
+            G.main(argv)
+        assert e.value.code == 2 and says in capsys.readouterr().err
 
 
 def _s(alloc=0.5, frag=0.01, p99=100.0):
@@ -109,6 +122,34 @@ def test_over_several_node_orders_a_run_is_judged_on_the_means():
     assert merged["paired"]["best-fit"]["allocation"] == (0.0, 0.0) and not G.clearly_behind(merged, "best-fit")
     line = next(x for x in G.report_lines([merged]) if " ours " in x)
     assert f"as good on {merged['passes']['ours']} of 3 orders alone" in line
+
+
+@pytest.mark.skipif(not (DEFAULT_TRACE_DIR / DEFAULT_TRACE).exists(), reason="openb traces not present")
+def test_a_family_is_every_seed_on_every_order_paired_replay_by_replay():
+    case = G.Case("tiny", variant=PodVariant(share=0.7, seed=1), nodes_variant=NodeVariant(gpus=24, seed=1))
+    policies = {"best-fit": G.factory("best-fit"), "ours": G.ours()}
+    family = G.run_family(case, 8.0, policies, limit=300, seeds=(5, 6), orders=2)
+    members = [G.run_case(case.reseeded(seed), 8.0, policies, limit=300, orders=2) for seed in (5, 6)]
+    assert family["case"] == "tiny" and family["seeds"] == (5, 6) and family["orders"] == 4
+    for name in policies:
+        for key in G.MEANS:  # the mean over the four replays is the mean of the two seeds' means
+            assert family["policies"][name][key] == pytest.approx(
+                sum(m["policies"][name][key] for m in members) / 2)
+        assert family["passes"][name] == sum(m["passes"][name] for m in members)
+    mean, _ = family["paired"]["ours"]["fragmentation"]
+    assert mean == pytest.approx(family["policies"]["ours"]["fragmentation"]
+                                 - family["policies"]["best-fit"]["fragmentation"])
+    assert family["bound"] == pytest.approx(sum(m["bound"] for m in members) / 2)
+    line = next(x for x in G.report_lines([family]) if " ours " in x)
+    assert line.startswith("tiny×2 ") and "of 4 replays (2 seeds × 2 orders) alone" in line
+    # the seeds change the arrivals: a family is not one case replayed four times
+    assert members[0]["policies"]["best-fit"] != members[1]["policies"]["best-fit"]
+    # a public file without a variant has no family: it runs as run_case runs it
+    public = G.Case("multigpu20", trace="openb_pod_list_multigpu20.csv")
+    alone = G.run_family(public, 8.0, policies, limit=200, seeds=(5, 6))
+    again = G.run_case(public, 8.0, policies, limit=200)
+    assert "seeds" not in alone and alone["case"] == "multigpu20" and "orders" not in alone
+    assert all(alone["policies"][n][k] == again["policies"][n][k] for n in policies for k in G.MEANS)
 
 
 def test_requests_are_split_into_the_three_kinds_the_attribution_swaps():
