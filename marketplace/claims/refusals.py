@@ -30,7 +30,9 @@ SAID = {"price": "priced above it", "taken": "fully taken", "down": "offline or 
         "containers": "without containers (its server runs none)", "image": "closed to your image by its provider"}
 
 
-def _group(reason: str) -> str | None:
+def refusal_group(reason: str) -> str | None:
+    """The group of GROUPS one of the engine's reasons is in ("price", "taken", ...; "other" when none), None for a
+    GPU outside the order (another model or region)."""
     if reason.startswith(OUTSIDE):
         return None
     for name, starts in GROUPS:
@@ -66,7 +68,7 @@ def refusal(*, request: Request, reasons: dict[str, int]) -> str:
     none_free = (f"No node has {what} free{where}" if request.gpu_count > 1 else f"No {what} is free{where}")
     counts: dict[str, int] = {}
     for reason, n in reasons.items():
-        group = _group(reason)
+        group = refusal_group(reason)
         if group is not None:
             counts[group] = counts.get(group, 0) + n
     if not counts:

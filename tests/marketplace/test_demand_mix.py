@@ -91,3 +91,21 @@ def test_gangs_that_got_their_gpus_at_once_ease_the_keep_charge_and_one_that_wai
     placed_late = Order(created_at=now - timedelta(minutes=5), placed_at=now, attempts=4)
     assert demand.gang_wait(placed_late, now=now) == pytest.approx(300)
     assert demand.gang_wait(Order(created_at=now - timedelta(minutes=5), placed_at=now, attempts=1), now=now) == 0
+
+
+def test_a_gang_refused_only_for_its_price_tells_the_keep_charge_nothing_one_refused_for_room_does():
+    buyer, now = UserFactory(), timezone.now()
+    for _ in range(40):  # gangs that got their nodes at once: the charge eases
+        Order.objects.create(buyer=buyer, mode=Mode.ON_DEMAND, state=Order.State.PLACED, gpu_count=8,
+                             whole_gpu=True, attempts=1, placed_at=now - timedelta(minutes=30))
+    Order.objects.update(created_at=now - timedelta(minutes=30))
+    eased = demand.demand_mix_build(now=now).keep_factor
+    dear = Order.objects.create(buyer=buyer, mode=Mode.ON_DEMAND, state=Order.State.FAILED, gpu_count=8,
+                                whole_gpu=True, attempts=1, reasons={"price over cap 2/h": 16, "wrong model": 4})
+    Order.objects.filter(pk=dear.pk).update(created_at=now - timedelta(minutes=1))
+    assert demand.gang_wait(Order.objects.get(pk=dear.pk), now=now) is None
+    assert demand.demand_mix_build(now=now).keep_factor == eased  # neither raised nor eased further
+    # refused because no node had 8 free GPUs: that is the wait the keep charge is for
+    Order.objects.filter(pk=dear.pk).update(reasons={"price over cap 2/h": 8, "fewer than 8 free GPUs on node": 8})
+    assert demand.gang_wait(Order.objects.get(pk=dear.pk), now=now) == pytest.approx(60)
+    assert demand.demand_mix_build(now=now).keep_factor > 0.5
