@@ -141,9 +141,9 @@ def variants_report(args) -> list[dict]:
     print("\n".join(generalise.cases_text("tuned on (not reported here):", generalise.TUNE_ON)))
     print("\n".join(generalise.cases_text("reported on (never tuned on):", generalise.REPORT_ON)))
     if args.seeds:
-        seeds = generalise.family_seeds(args.seeds)
-        print(generalise.family_text(seeds))
-        runs = [generalise.run_family(c, load, generalise.fixed_and_adaptive(), limit=limit, seeds=seeds,
+        print(generalise.family_text(args.seeds))
+        runs = [generalise.run_family(c, load, generalise.fixed_and_adaptive(), limit=limit,
+                                      seeds=generalise.family_of(c, args.seeds),
                                       trace_dir=args.trace_dir, orders=args.orders)
                 for c in generalise.REPORT_ON for load in generalise.LOADS]
     else:

@@ -55,8 +55,11 @@ FIXED_PACKING = 2.0  # tuned on TUNE_ON (--tune --limit 4000): the best of 1, 2,
 FIXED_CANDIDATES = (1.0, 2.0, 3.0)
 GAIN_CANDIDATES = (1.0, 2.0, 4.0)
 ALLOC_TOLERANCE = 0.001  # allocation within 0.1 point of best-fit's counts as "as good"
-FAMILY_SEED_BASE = 101  # --seeds N draws each variant case again from seeds 101 … 100 + N (docs: "Families")
-FAMILY_MAX = 50  # so that no family seed is a seed of TUNE_ON, SCREEN_ON or REPORT_ON (a test checks it)
+# --seeds N draws each variant case again from N seeds (docs: "Families"): a reported case from 101 … 100 + N, a
+# tuning or screening case from 201 … 200 + N, so that no family of the one set shares a draw with the other's
+FAMILY_SEED_BASE = 101
+TUNING_FAMILY_SEED_BASE = 201
+FAMILY_MAX = 50  # no family seed is then a seed of TUNE_ON, SCREEN_ON or REPORT_ON (a test checks it)
 NOISE_ORDER = 9973  # the node order of the noise-floor row (reordered_best_fit); --orders uses 1, 2, ...
 
 
@@ -218,16 +221,25 @@ def run_family(case: Case, load: float, policies: dict[str, PolicyFactory], *, l
     return {**_merged(runs, policies), "case": case.name, "seeds": tuple(seeds)}
 
 
-def family_seeds(n: int) -> tuple[int, ...]:
-    """The seeds a family of `n` members is drawn from (never a seed of the tuning, screening or reported cases)."""
+def family_seeds(n: int, *, tuning: bool = False) -> tuple[int, ...]:
+    """The seeds a family of `n` members is drawn from: never a seed of the tuning, screening or reported cases,
+    and those of a tuning or screening case (`tuning`) never those of a reported one."""
     if not 1 <= n <= FAMILY_MAX:
         raise ValueError(f"a family has 1 to {FAMILY_MAX} seeds, not {n}")
-    return tuple(range(FAMILY_SEED_BASE, FAMILY_SEED_BASE + n))
+    base = TUNING_FAMILY_SEED_BASE if tuning else FAMILY_SEED_BASE
+    return tuple(range(base, base + n))
 
 
-def family_text(seeds: Sequence[int]) -> str:
-    return (f"families: each variant case above drawn again from seeds {seeds[0]} … {seeds[-1]} (not from its own "
-            "seed); a case of one public file is run as it is")
+def family_of(case: Case, n: int) -> tuple[int, ...]:
+    """`family_seeds` for `case`: the tuning range when it is a TUNE_ON or SCREEN_ON case."""
+    return family_seeds(n, tuning=case in TUNE_ON + SCREEN_ON)
+
+
+def family_text(n: int) -> str:
+    r, t = family_seeds(n), family_seeds(n, tuning=True)
+    return (f"families: each variant case above drawn again from {n} seeds, not its own ({r[0]} … {r[-1]} for a "
+            f"reported case, {t[0]} … {t[-1]} for a tuning or screening one); a case of one public file is run as "
+            "it is")
 
 
 def _replays(case: Case, load: float, policies: dict[str, PolicyFactory], *, limit: int | None,
@@ -435,7 +447,8 @@ def main(argv: list[str] | None = None) -> int:
                          "pool as built)")
     ap.add_argument("--seeds", type=int, default=0, metavar="N",
                     help="replay each variant case as a family: its variants drawn again from N seeds "
-                         f"({FAMILY_SEED_BASE}, {FAMILY_SEED_BASE + 1}, ...), each on --orders node orders, judged on "
+                         f"({FAMILY_SEED_BASE}, {FAMILY_SEED_BASE + 1}, ... for a reported case, "
+                         f"{TUNING_FAMILY_SEED_BASE}, ... for a tuning one), each on --orders node orders, judged on "
                          "the means over all of them (a case of one public file runs as it is)")
     args = ap.parse_args(argv)
     if args.orders < 1:
@@ -483,9 +496,9 @@ def main(argv: list[str] | None = None) -> int:
                 ap.error(f"unknown policy {', '.join(unknown)}; known here: {', '.join(chosen)}")
             chosen = {n: chosen[n] for n in wanted}
         if args.seeds:
-            seeds = family_seeds(args.seeds)
-            print(family_text(seeds))
-            runs = [run_family(c, load, dict(chosen), limit=args.limit, seeds=seeds, orders=args.orders)
+            print(family_text(args.seeds))
+            runs = [run_family(c, load, dict(chosen), limit=args.limit, seeds=family_of(c, args.seeds),
+                               orders=args.orders)
                     for c in cases for load in LOADS]
         else:
             runs = [run_case(c, load, dict(chosen), limit=args.limit, orders=args.orders)

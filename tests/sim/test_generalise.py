@@ -28,8 +28,12 @@ def test_nothing_reported_on_was_tuned_on():
     assert not seeds(G.SCREEN_ON) & seeds(G.TUNE_ON)
     every = G.TUNE_ON + G.SCREEN_ON + G.REPORT_ON
     assert len({c.name for c in every}) == len(every)
-    # a family of the reported cases (--seeds) is drawn from seeds none of the three sets uses
-    assert not set(G.family_seeds(G.FAMILY_MAX)) & seeds(every)
+    # a family (--seeds) is drawn from seeds none of the three sets uses, and a tuning case's family never
+    # shares a seed with a reported case's: the same seed under nearby shares would draw nearly the same pods
+    reported_f, tuning_f = set(G.family_seeds(G.FAMILY_MAX)), set(G.family_seeds(G.FAMILY_MAX, tuning=True))
+    assert not (reported_f | tuning_f) & seeds(every) and not reported_f & tuning_f
+    assert {G.family_of(c, 3) for c in G.TUNE_ON + G.SCREEN_ON} == {(201, 202, 203)}
+    assert {G.family_of(c, 3) for c in G.REPORT_ON} == {(101, 102, 103)}
 
 
 def test_a_family_has_one_to_fifty_seeds_and_the_command_line_says_so(capsys):
