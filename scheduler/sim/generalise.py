@@ -290,8 +290,9 @@ def paired(diffs: list[float]) -> tuple[float, float]:
 
 def clearly_behind(run: dict[str, Any], name: str) -> list[str]:
     """Where `name` is behind best-fit by more than the noise of the orders (the paired mean difference outside
-    its 95% interval, and beyond ALLOC_TOLERANCE for allocation); empty for a single-order run."""
-    if "paired" not in run or name not in run["paired"]:
+    its 95% interval, and beyond ALLOC_TOLERANCE for allocation); empty for a single replay (one order, or a
+    family of one seed on one order), which has no noise to judge by."""
+    if "paired" not in run or name not in run["paired"] or run.get("orders", 1) < 2:
         return []
     d = run["paired"][name]
     out = []
@@ -380,11 +381,12 @@ def summary_lines(runs: list[dict[str, Any]]) -> list[str]:
         ok = sum(1 for r in runs if not verdict(r["policies"][name], r["policies"]["best-fit"]))
         total_loss = sum(loss(r["policies"][name], r["policies"]["best-fit"]) for r in runs)
         line = f"  {name}: as good as best-fit on {ok} of {len(runs)} runs (loss {total_loss:.3f})"
-        if runs and "orders" in runs[0]:
+        several = [r for r in runs if r.get("orders", 1) > 1]
+        if several:
             behind = sum(1 for r in runs if clearly_behind(r, name))
             family = next((r for r in runs if "seeds" in r), None)
             noise = (f"their replays ({len(family['seeds'])} seeds of each variant case)" if family
-                     else f"{runs[0]['orders']} node orders")
+                     else f"{several[0]['orders']} node orders")
             line += f"; behind beyond the noise of {noise} on {behind}"
         out.append(line)
     return out

@@ -250,3 +250,12 @@ def test_behind_beyond_noise_needs_the_paired_mean_outside_its_95_percent_interv
     assert G.clearly_behind(run((0.0, 0.0), alloc=(-0.004, 0.001)), "ours") == ["alloc -0.40%±0.10%"]
     assert G.clearly_behind(run((-0.001, 0.0), p99=(7200.0, 600.0)), "ours") == ["p99 +2.0h±10.0m"]
     assert G.clearly_behind({"policies": {}}, "ours") == []  # one order: nothing to judge noise by
+    one = run((0.0004, 0.0))  # a family of one seed on one order is a single replay too
+    one["orders"] = 1
+    assert G.clearly_behind(one, "ours") == []
+    # a report whose first run is a public file on one order still counts the families behind beyond noise
+    public = {"case": "p", "load": 4.0, "policies": {"best-fit": _s(), "ours": _s()}}
+    family = {**run((0.0004, 0.0001)), "case": "f", "load": 4.0, "seeds": (101, 102),
+              "policies": {"best-fit": _s(), "ours": _s(frag=0.0104)}}
+    assert G.summary_lines([public, family])[0].endswith(
+        "behind beyond the noise of their replays (2 seeds of each variant case) on 1")
