@@ -235,9 +235,27 @@ def family_of(case: Case, n: int) -> tuple[int, ...]:
     return family_seeds(n, tuning=case in TUNE_ON + SCREEN_ON)
 
 
+def family_key(case: Case) -> tuple:
+    """What a case's family depends on: its trace and its variants' shares, not their seeds. TUNE_ON's second
+    seeds (share70 and share70b, ...) are one family."""
+    strip = lambda v: v and dataclasses.replace(v, seed=0)  # noqa: E731
+    return (case.trace, strip(case.variant), strip(case.nodes_variant), case in TUNE_ON + SCREEN_ON)
+
+
+def distinct_families(cases: Sequence[Case]) -> tuple[list[Case], list[str]]:
+    """The cases whose families differ, first of each kept, and a line for each left out as the same family."""
+    kept: dict[tuple, Case] = {}
+    dropped = []
+    for c in cases:
+        first = kept.setdefault(family_key(c), c)
+        if first is not c:
+            dropped.append(f"  {c.name}: the same family as {first.name} (only its seed differs), not run again")
+    return list(kept.values()), dropped
+
+
 def family_text(n: int) -> str:
     r, t = family_seeds(n), family_seeds(n, tuning=True)
-    return (f"families: each variant case above drawn again from {n} seeds, not its own ({r[0]} … {r[-1]} for a "
+    return (f"families: each variant case above drawn again from {n} seed{'s' if n > 1 else ''}, not its own ({r[0]} … {r[-1]} for a "
             f"reported case, {t[0]} … {t[-1]} for a tuning or screening one); a case of one public file is run as "
             "it is")
 
@@ -499,6 +517,9 @@ def main(argv: list[str] | None = None) -> int:
             chosen = {n: chosen[n] for n in wanted}
         if args.seeds:
             print(family_text(args.seeds))
+            cases, dropped = distinct_families(cases)
+            if dropped:
+                print("\n".join(dropped))
             runs = [run_family(c, load, dict(chosen), limit=args.limit, seeds=family_of(c, args.seeds),
                                orders=args.orders)
                     for c in cases for load in LOADS]

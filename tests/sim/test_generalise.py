@@ -36,6 +36,19 @@ def test_nothing_reported_on_was_tuned_on():
     assert {G.family_of(c, 3) for c in G.REPORT_ON} == {(101, 102, 103)}
 
 
+def test_cases_that_differ_only_in_their_seed_are_one_family():
+    kept, dropped = G.distinct_families(G.TUNE_ON + G.SCREEN_ON + G.REPORT_ON)
+    names = [c.name for c in kept]
+    assert "share70" in names and "share70b" not in names and "modern-cb" not in names
+    assert dropped[0] == "  share70b: the same family as share70 (only its seed differs), not run again"
+    assert len(kept) == 5 + 4 + 6 and len(dropped) == 5  # TUNE_ON's second seeds
+    # a reported family is never merged into a tuning one of the same shares (their seeds differ), but a second
+    # reported case of the same shares is the same family
+    twin = G.Case("share85-again", variant=PodVariant(share=0.85, seed=99))
+    kept = [c.name for c in G.distinct_families([*G.SCREEN_ON, *G.REPORT_ON, twin])[0]]
+    assert "share85t" in kept and "share85" in kept and "share85-again" not in kept
+
+
 def test_a_family_has_one_to_fifty_seeds_and_the_command_line_says_so(capsys):
     assert G.family_seeds(3) == (101, 102, 103)
     for bad in (0, G.FAMILY_MAX + 1):
