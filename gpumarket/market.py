@@ -300,12 +300,17 @@ def order_place(ctx: Context) -> int:
     return 0
 
 
+def _why_queued(order: dict) -> str:
+    """Why a queued order waits, in the buyer's words: the market's sentence ("No node has 8 whole GPUs free at or
+    under your price cap of $0.5000/h: ..."), else the engine's reasons, else that nothing fits now."""
+    return order.get("explain") or "; ".join(order.get("reasons") or []) or "nothing fits now"
+
+
 def _order_line(order: dict) -> str:
     what = f"{order['mode'].replace('_', '-')} order {short_id(order['id'])} {order['state']}"
     price = order.get("price_per_hour")
     if order["state"] == "queued":
-        reasons = "; ".join(order.get("reasons") or []) or "nothing fits now"
-        return f"{what}: waiting for capacity ({reasons})"
+        return f"{what}: {_why_queued(order)}"
     if order["mode"] == "reserved" and order.get("total_price"):
         return f"{what}: {usd(order['total_price'])} paid for the window " \
                f"{local_time(order.get('window_start'))} to {local_time(order.get('window_end'))}"
@@ -328,7 +333,7 @@ def wait_for_leases(ctx: Context, order: dict, *, timeout: float) -> list[dict]:
             raise CliError(f"order {short_id(order['id'])} {order['state']}: "
                            + ("; ".join(order.get("reasons") or []) or "no reason given"))
         if order["state"] == "queued":
-            say(f"order {short_id(order['id'])} queued: " + ("; ".join(order.get("reasons") or []) or "waiting"))
+            say(f"order {short_id(order['id'])} queued: {_why_queued(order)}")
         leases = [ctx.client.get(f"leases/{i}/") for i in order.get("leases") or []]
         if order["state"] == "placed" and not leases and order.get("window_start"):
             say(f"window booked from {local_time(order['window_start'])}: waiting for its lease to start "

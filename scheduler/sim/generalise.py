@@ -230,16 +230,20 @@ def family_seeds(n: int, *, tuning: bool = False) -> tuple[int, ...]:
     return tuple(range(base, base + n))
 
 
+def _tuning(case: Case) -> bool:
+    return case in TUNE_ON + SCREEN_ON
+
+
 def family_of(case: Case, n: int) -> tuple[int, ...]:
     """`family_seeds` for `case`: the tuning range when it is a TUNE_ON or SCREEN_ON case."""
-    return family_seeds(n, tuning=case in TUNE_ON + SCREEN_ON)
+    return family_seeds(n, tuning=_tuning(case))
 
 
 def family_key(case: Case) -> tuple:
     """What a case's family depends on: its trace and its variants' shares, not their seeds. TUNE_ON's second
     seeds (share70 and share70b, ...) are one family."""
     strip = lambda v: v and dataclasses.replace(v, seed=0)  # noqa: E731
-    return (case.trace, strip(case.variant), strip(case.nodes_variant), case in TUNE_ON + SCREEN_ON)
+    return (case.trace, strip(case.variant), strip(case.nodes_variant), _tuning(case))
 
 
 def distinct_families(cases: Sequence[Case]) -> tuple[list[Case], list[str]]:

@@ -526,6 +526,21 @@ def test_wait_follows_a_queued_order_until_its_lease_runs_and_prints_how_to_reac
     assert json.loads(Stub.seen[0][3])["if_unavailable"] == "queue"
 
 
+def test_a_queued_order_says_why_in_the_buyers_words_not_the_engines(stub):
+    sentence = "No node has 8 whole GPUs free at or under your price cap of $0.5000/h: all 17 GPUs are priced above it."
+    Stub.script = [(202, {}, {"id": ORDER, "mode": "on_demand", "state": "queued", "leases": [],
+                              "reasons": ["price over cap 0.5/h"], "explain": sentence})]
+    code, out, err = run_main(["order", "on-demand", "--gpus", "8", "--max-price", "0.5", "--queue"],
+                              client_=client(stub)[0])
+    assert code == 0, err
+    assert out.splitlines()[0] == f"on-demand order {ORDER[:8]} queued: {sentence}"
+    # an older market without the sentence: the engine's reasons, as before
+    Stub.script = [(202, {}, {"id": ORDER, "mode": "on_demand", "state": "queued", "leases": [],
+                              "reasons": ["price over cap 0.5/h"]})]
+    code, out, err = run_main(["order", "on-demand", "--gpus", "8", "--queue"], client_=client(stub)[0])
+    assert out.splitlines()[0] == f"on-demand order {ORDER[:8]} queued: price over cap 0.5/h"
+
+
 def test_wait_on_a_lease_that_fails_is_an_error_with_its_reason(stub, monkeypatch):
     from gpumarket import market
     monkeypatch.setattr(market, "WAIT_POLL_SECONDS", 0)
