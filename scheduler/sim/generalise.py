@@ -113,6 +113,8 @@ SCREEN_ON: tuple[Case, ...] = (
          nodes_variant=NodeVariant(gpus=130, big=0.7, h100=0.45, l4=0.45, seed=63)),
     Case("modern-et", variant=PodVariant(share=0.8, seed=64),
          nodes_variant=NodeVariant(gpus=140, big=0.6, h100=0.4, l4=0.5, seed=64)),
+    # added in stop 24: pinned and gang demand together (the reported `mixed` kind, at other shares)
+    Case("mixed-t", variant=PodVariant(share=0.5, spec=0.25, multi=0.1, seed=65)),
 )
 REPORT_ON: tuple[Case, ...] = (
     Case("gpushare40", trace="openb_pod_list_gpushare40.csv"),
