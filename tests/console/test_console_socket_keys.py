@@ -40,9 +40,11 @@ async def test_a_key_that_cannot_read_is_refused(case):
               "revoked": socket(secret), "trade only": socket(secret)}[case]
     connected, code = await script.connect()
     assert not connected and code == 4401
+    await script.disconnect()  # the refused consumer ends here, not in the event loop's teardown
 
 
 async def test_a_browser_without_a_key_still_needs_its_origin():
     script = socket(None)
     connected, _ = await script.connect()
     assert not connected  # no Origin header: the session route's origin check refuses it
+    await script.disconnect()
