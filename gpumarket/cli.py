@@ -55,8 +55,10 @@ def _print_error(exc: CliError, err: TextIO) -> None:
             if flag and path not in shown:
                 shown.add(path)
                 err.write(f"  ({path} is {flag})\n")
-        reasons = exc.details.get("reasons") if isinstance(exc.details, dict) else None
-        for reason in reasons or []:
+        details = exc.details if isinstance(exc.details, dict) else {}
+        # The engine's reason keys ("GPU busy") only from a market that sends no sentence of its own: where it does,
+        # the message is that sentence, in the buyer's words, and the keys would repeat it in the engine's.
+        for reason in (details.get("reasons") or []) if not details.get("explain") else []:
             err.write(f"  - {reason}\n")
     if exc.hint:
         err.write(f"  {exc.hint}\n")

@@ -418,6 +418,16 @@ def test_an_api_error_prints_its_message_the_flags_and_the_reasons_on_stderr(stu
                                 "  - no online node", "  - price above cap"]
 
 
+def test_a_refusal_with_the_markets_sentence_prints_the_sentence_not_the_engines_reason_keys(stub):
+    sentence = "No whole L4 is free under your price cap of $0.5000/h: 2 fully taken."
+    Stub.script = [(409, {}, {"error": {"code": "unavailable", "message": sentence,
+                                        "details": {"reasons": ["GPU busy", "no legal placement"],
+                                                    "explain": sentence}}})]
+    code, out, err = run_main(["order", "on-demand", "--model", "l4", "--whole-gpu"], client_=client(stub)[0])
+    assert code == EXIT_API and out == ""
+    assert err.splitlines() == [f"gpum: {sentence}"]
+
+
 def test_json_is_accepted_before_or_after_the_command(stub):
     Stub.script = [(200, {}, {"count": 1, "results": [{"id": "x"}]})] * 2
     for argv in (["--json", "orders", "--state", "queued"], ["orders", "--state", "queued", "--json"]):
