@@ -47,8 +47,10 @@ GANG_KEEP_MARGIN = 0.25
 WASTE_WEIGHT = 0.0
 # The pin charge (issue 12 §2 round eight; found in round seven on scheduler/sim/generalise.py's TUNE_ON, where
 # `spec30`'s pinned requests waited once the keep charge counted only gangs a node can host): an unpinned single
-# whole GPU taken from a free MIG GPU pays PIN_KEEP_WEIGHT × the share of that model's demand pinned to it.
-PIN_KEEP_WEIGHT = 1.0
+# whole GPU taken from a free MIG GPU pays PIN_KEEP_WEIGHT × the share of that model's demand pinned to it; since
+# round twelve × how scarce the model is (`Pool.pin_scarcity`, pool.PIN_SCARCE_FROM): at ×4 load a lighter charge
+# packed better, at ×8 a heavier one (round eleven), and what tells the two apart is how much of the model is taken.
+PIN_KEEP_WEIGHT = 3.0
 # The weight of FGD's node term (`_node_term`, fragmentation.node_delta) in the packing cost: 1 (FGD's own) until
 # issue 12 §2 round eight, chosen then on scheduler/sim/generalise.py's TUNE_ON (docs/simulator.md).
 NODE_TERM_WEIGHT = 0.25
@@ -126,10 +128,12 @@ def gang_keep(multi: Sequence[tuple[int, float]]) -> float:
 
 def pin_keep(pool: "Pool", model: str, request: Request) -> float:
     """The pin charge on a free MIG GPU taken whole by a request that is not pinned to GPU models: PIN_KEEP_WEIGHT
-    × the share of the model's demand pinned to it (`DemandMix.pinned_share`); a pinned request pays none."""
+    × the share of the model's demand pinned to it (`DemandMix.pinned_share`) × how scarce the model is
+    (`Pool.pin_scarcity`); a pinned request pays none."""
     if request.models is not None or not PIN_KEEP_WEIGHT:
         return 0.0
-    return PIN_KEEP_WEIGHT * pool.mix.pinned_share(model)
+    share = pool.mix.pinned_share(model)
+    return PIN_KEEP_WEIGHT * share * pool.pin_scarcity(model) if share else 0.0
 
 
 def list_cost(pool: "Pool", model: str, key: str, request: Request) -> float:

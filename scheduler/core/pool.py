@@ -94,6 +94,15 @@ class GpuRecord:
         self.has_spot = False
 
 
+# How scarce a MIG model is for the demand pinned to it (`Pool.pin_scarcity`, which scales placement.pin_keep; issue
+# 12 §2 round twelve, chosen on the pinned tuning families `spec30` and `mixed-t`, docs/simulator.md): 0 while no more
+# than PIN_SCARCE_FROM of the model's capacity is taken, rising linearly to 1 when all of it is. The level the costs
+# see moves only once the live value is PIN_SCARCE_STEP away from it: each move bumps the demand mix's version (every
+# cost memoised by it is renewed), and a model whose use sits at a boundary does not renew them on every placement.
+PIN_SCARCE_FROM = 0.2
+PIN_SCARCE_STEP = 0.05
+
+
 class Pool:
     """Pool state built from `NodeState`s; see the module docstring for what it indexes."""
 
@@ -157,6 +166,7 @@ class Pool:
         self.milli_index: dict[int, dict[int, None]] = defaultdict(dict)  # free-milli bucket -> pool indexes
         self._milli_bucket: dict[int, int] = {}  # pool index -> its bucket
         self.milli_frag: FragTable | None = None  # FGD's measure with the workload (use_workload); None: best fit
+        self._pin_level: dict[str, float] = {}  # model -> its pin_scarcity level, once asked (followed from then on)
         self.host_held: dict[str, tuple[int, int]] = {}  # node -> CPU, memory held by work on no GPU (hold_host)
         # nodes by fractional state: the most milli free on one GPU (bucket) -> state -> nodes (pool order of
         # their first GPU). Nodes in one state pass the same filters and score the same (`milli_state`)
@@ -290,6 +300,28 @@ class Pool:
             most = self.most_on_a_node.get(model, 0)
             hit = self._gangs[model] = tuple((k, p) for k, p in self.mix.multi_gpu(model) if k <= most)
         return hit
+
+    def pin_scarcity(self, model: str) -> float:
+        """How scarce `model` is for the demand pinned to it, 0 to 1 (see PIN_SCARCE_FROM): 0 while at most
+        PIN_SCARCE_FROM of its schedulable capacity is taken, 1 when all of it is; 1 always when PIN_SCARCE_FROM ≥ 1.
+        From the first time a model is asked, its level follows its GPUs (`_follow_scarcity`)."""
+        if PIN_SCARCE_FROM >= 1:
+            return 1.0
+        level = self._pin_level.get(model)
+        if level is None:
+            level = self._pin_level[model] = self._scarcity_now(model)
+        return level
+
+    def _scarcity_now(self, model: str) -> float:
+        taken = 1.0 - self.free_share(model)
+        return min(1.0, max(0.0, (taken - PIN_SCARCE_FROM) / (1.0 - PIN_SCARCE_FROM)))
+
+    def _follow_scarcity(self, model: str) -> None:
+        level = self._pin_level[model]
+        now = self._scarcity_now(model)
+        if abs(now - level) >= PIN_SCARCE_STEP - 1e-12 or (now != level and now in (0.0, 1.0)):
+            self._pin_level[model] = now
+            self.mix.version += 1  # the costs that carry the pin charge are memoised by version
 
     def option_memo(self) -> dict:
         """placement.single_option's memo of what an option on a GPU's own layout costs, valid for one
@@ -476,6 +508,8 @@ class Pool:
                 self._set_node_free(rec.node.id, +1)
         else:
             avail = frozenset()
+        if model in self._pin_level:
+            self._follow_scarcity(model)
         if rekey or not rec.keyed:
             rec.key, rec.keyed = self._static_key(rec), True
             rec.skey = self._spot_key(rec)

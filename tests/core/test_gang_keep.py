@@ -13,6 +13,7 @@ import pytest
 
 from scheduler.core import fragmentation as FR
 from scheduler.core import placement
+from scheduler.core import pool as pool_mod
 from scheduler.core.engine import Pool, Scheduler
 from scheduler.core.model import Request
 from scheduler.core.weights import Weights
@@ -100,9 +101,12 @@ def test_gangs_no_node_of_the_model_can_host_add_no_keep_charge(mode):
     assert d.ok and d.placements[0].node_id == "small"
 
 
-def _pinned_pool() -> Pool:
-    # the A30 first in pool order, so a tie would go to it; a third of the demand can run only on A30s
-    a30 = node("a30", gpu("p0", "a30-24gb"))
+def _pinned_pool(taken: int = 4) -> Pool:
+    # the A30 first in pool order, so a tie would go to it; a third of the demand can run only on A30s, and `taken`
+    # of the five A30s are in use (4: the model is scarce, pool.pin_scarcity 0.75)
+    a30 = node("a30", gpu("p0", "a30-24gb"), *[gpu(f"p{i}", "a30-24gb", instances=((None, 0),))
+                                               for i in range(1, 1 + taken)],
+               *[gpu(f"p{i}", "a30-24gb") for i in range(1 + taken, 5)])
     plain = node("l4", gpu("q0", "l4", mig_on=False))
     pinned = Request(whole_gpu=True, models=frozenset({"a30-24gb"}))
     return Pool([a30, plain], mix=_mix((pinned, 20), (Request(whole_gpu=True), 40)))
@@ -118,8 +122,49 @@ def test_an_unpinned_single_pays_for_the_demand_pinned_to_the_model_and_a_pinned
     unpinned = placement.single_option(pool, n, a30, Request(whole_gpu=True), node_term=False)
     pinned = placement.single_option(pool, n, a30, Request(whole_gpu=True, models=frozenset({"a30-24gb"})),
                                      node_term=False)  # the same GPU and shape, memoised apart
-    assert unpinned.pack_cost == pytest.approx(free + placement.PIN_KEEP_WEIGHT * share)
+    assert pool.pin_scarcity("a30-24gb") == pytest.approx((0.8 - pool_mod.PIN_SCARCE_FROM) / (1 - pool_mod.PIN_SCARCE_FROM))
+    assert unpinned.pack_cost == pytest.approx(free + placement.PIN_KEEP_WEIGHT * share * pool.pin_scarcity("a30-24gb"))
     assert pinned.pack_cost == pytest.approx(free)
+
+
+@pytest.mark.parametrize("mode", ["fast", "exhaustive"])
+def test_an_unpinned_single_may_take_a_pinned_model_while_most_of_it_is_free(mode):
+    # one A30 of five in use: less than PIN_SCARCE_FROM of the model is taken, so no pin charge, and pool order
+    # takes the A30 as best-fit's would (round eleven: at light load a lighter charge packed better)
+    pool = _pinned_pool(taken=1)
+    assert pool.pin_scarcity("a30-24gb") == 0.0
+    d = Scheduler(pool, weights=PACK_ONLY, adapt_weights=False, mode=mode).decide(Request(whole_gpu=True))
+    assert d.ok and d.placements[0].node_id == "a30"
+
+
+def test_the_scarcity_follows_the_models_gpus_in_steps_and_renews_the_costs_when_it_moves(monkeypatch):
+    monkeypatch.setattr(pool_mod, "PIN_SCARCE_FROM", 0.0)
+    monkeypatch.setattr(pool_mod, "PIN_SCARCE_STEP", 0.1)
+    nodes = [node("a30", *[gpu(f"p{i}", "a30-24gb") for i in range(20)])]
+    pool = Pool(nodes, mix=_mix((Request(whole_gpu=True, models=frozenset({"a30-24gb"})), 10)))
+    assert pool.pin_scarcity("a30-24gb") == 0.0
+    levels, versions = [], []
+    for i in range(20):  # take the A30s one by one: 5% of the model each
+        sched = Scheduler(pool, weights=PACK_ONLY, adapt_weights=False, mode="fast")
+        d = sched.decide(Request(whole_gpu=True, models=frozenset({"a30-24gb"}), lease_id=f"l{i}"))
+        pool.allocate(d, Request(whole_gpu=True, models=frozenset({"a30-24gb"}), lease_id=f"l{i}"))
+        levels.append(pool.pin_scarcity("a30-24gb"))
+        versions.append(pool.mix.version)
+    # the level moves once the model's use is PIN_SCARCE_STEP (0.1: two GPUs here) away from it
+    assert levels == pytest.approx([0, 0.1, 0.1, 0.2, 0.2, 0.3, 0.3, 0.4, 0.4, 0.5, 0.5, 0.6, 0.6, 0.7, 0.7, 0.8, 0.8,
+                                    0.9, 0.9, 1.0])
+    moved = [i for i in range(1, 20) if versions[i] != versions[i - 1]]
+    assert moved == [i for i in range(1, 20) if levels[i] != levels[i - 1]]  # each move renews the costs
+    # use sitting at a boundary (one GPU freed and taken again) does not move it
+    v = pool.mix.version
+    for _ in range(3):
+        pool.release_lease("l17")
+        d = Scheduler(pool, weights=PACK_ONLY, adapt_weights=False, mode="fast").decide(
+            Request(whole_gpu=True, models=frozenset({"a30-24gb"}), lease_id="l17"))
+        pool.allocate(d, Request(whole_gpu=True, models=frozenset({"a30-24gb"}), lease_id="l17"))
+    assert pool.mix.version in (v, v + 2)  # at most one move down and back, not one per placement
+    monkeypatch.setattr(pool_mod, "PIN_SCARCE_FROM", 1.0)
+    assert Pool(nodes).pin_scarcity("a30-24gb") == 1.0  # the ramp off: the full charge always
 
 
 @pytest.mark.parametrize("mode", ["fast", "exhaustive"])
