@@ -122,8 +122,9 @@ def test_an_unpinned_single_pays_for_the_demand_pinned_to_the_model_and_a_pinned
     unpinned = placement.single_option(pool, n, a30, Request(whole_gpu=True), node_term=False)
     pinned = placement.single_option(pool, n, a30, Request(whole_gpu=True, models=frozenset({"a30-24gb"})),
                                      node_term=False)  # the same GPU and shape, memoised apart
-    assert pool.pin_scarcity("a30-24gb") == pytest.approx((0.8 - pool_mod.PIN_SCARCE_FROM) / (1 - pool_mod.PIN_SCARCE_FROM))
-    assert unpinned.pack_cost == pytest.approx(free + placement.PIN_KEEP_WEIGHT * share * pool.pin_scarcity("a30-24gb"))
+    scarce = pool.pin_scarcity("a30-24gb")
+    assert scarce == pytest.approx((0.8 - pool_mod.PIN_SCARCE_FROM) / (1 - pool_mod.PIN_SCARCE_FROM))
+    assert unpinned.pack_cost == pytest.approx(free + placement.PIN_KEEP_WEIGHT * share * scarce)
     assert pinned.pack_cost == pytest.approx(free)
 
 
