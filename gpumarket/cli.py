@@ -58,8 +58,9 @@ def _print_error(exc: CliError, err: TextIO) -> None:
         details = exc.details if isinstance(exc.details, dict) else {}
         # The engine's reason keys ("GPU busy") only from a market that sends no sentence of its own: where it does,
         # the message is that sentence, in the buyer's words, and the keys would repeat it in the engine's.
-        for reason in (details.get("reasons") or []) if not details.get("explain") else []:
-            err.write(f"  - {reason}\n")
+        if not details.get("explain"):
+            for reason in details.get("reasons") or []:
+                err.write(f"  - {reason}\n")
     if exc.hint:
         err.write(f"  {exc.hint}\n")
     err.flush()
